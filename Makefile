@@ -1,0 +1,44 @@
+# A thin front to CMake. The build lives in build/ (release) and build-asan/ (ASan+UBSan).
+#   make          release build of the library and the sdpa command
+#   make test     build everything, run all tests (release, then the sanitizer build)
+#   make demo     the worked example, step by step
+#   make install  PREFIX=/usr/local (DESTDIR honoured)
+#   make format   apply .clang-format to the sources
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+PREFIX     ?= /usr/local
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+CTEST_FLAGS ?= --output-on-failure
+
+.PHONY: all build test test-release test-asan demo install format clean
+
+all: build
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: test-release test-asan
+
+test-release: build
+	cd $(BUILD) && ctest $(CTEST_FLAGS) -j $(JOBS)
+
+test-asan:
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSDPA_SANITIZE=ON \
+	      $(CMAKE_FLAGS)
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ctest $(CTEST_FLAGS) -j $(JOBS) -LE no-sanitizer
+
+demo: build
+	./$(BUILD)/cli/sdpa demo
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,13 @@
+/*
+ * cli.h — the subcommands of the `sdpa` command. Each takes the arguments after its own name
+ * and returns the process exit code: 0 ok, 1 runtime error, 2 usage error.
+ */
+#ifndef SDPA_CLI_H
+#define SDPA_CLI_H
+
+enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
+
+int cli_demo(int argc, char **argv);
+int cli_info(int argc, char **argv);
+
+#endif

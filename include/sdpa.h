@@ -1,0 +1,336 @@
+/*
+ * sdpa.h — scaled dot-product attention for C.
+ *
+ *     O = softmax(S) V,   s_ij = softcap(scale * q_i . k_j) + alibi_ij + mask_ij
+ *
+ * This header is the manual. Every function states the shapes it expects, what it returns,
+ * what it requires of the caller and whether it is thread safe. The semantics (mask polarity,
+ * causal alignment, fully masked rows, NaN) are written out once, in the "Semantics" section
+ * below, and every code path of the library obeys them.
+ *
+ * Conventions
+ *   - Every function that can fail returns an sdpa_status: SDPA_OK (0) or a negative error.
+ *     The library never aborts, exits or prints. When a call fails, its outputs are untouched
+ *     and sdpa_ctx_last_error() explains why, naming the argument and its values.
+ *   - Tensors are described by sdpa_tensor: a data pointer, a dtype, a shape of four extents
+ *     and four strides counted in elements (not bytes). A stride of 0 broadcasts an extent.
+ *   - Sizes, strides and offsets are int64_t everywhere.
+ *
+ * Thread safety
+ *   Functions that take no context are thread safe. A context may be used by one thread at a
+ *   time; several contexts may be used from several threads at once. Nothing in the library
+ *   is global and mutable.
+ */
+#ifndef SDPA_H
+#define SDPA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* SDPA_API marks the public symbols. The shared library is built with -fvisibility=hidden,
+ * so only these are exported. Define SDPA_STATIC when linking the static library on Windows. */
+#if defined(_WIN32) && !defined(SDPA_STATIC)
+#if defined(SDPA_BUILDING)
+#define SDPA_API __declspec(dllexport)
+#else
+#define SDPA_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__)
+#define SDPA_API __attribute__((visibility("default")))
+#else
+#define SDPA_API
+#endif
+
+/* ---------------------------------------------------------------------------------------- */
+/* Version                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+#define SDPA_VERSION_MAJOR 0
+#define SDPA_VERSION_MINOR 1
+#define SDPA_VERSION_PATCH 0
+#define SDPA_VERSION_NUMBER                                                                    \
+    (SDPA_VERSION_MAJOR * 10000 + SDPA_VERSION_MINOR * 100 + SDPA_VERSION_PATCH)
+
+/* @return the version of the library actually linked, as "MAJOR.MINOR.PATCH". It may differ
+ *         from the SDPA_VERSION_* macros of the header a program was compiled with. */
+SDPA_API const char *sdpa_version(void);
+
+/* @return SDPA_VERSION_NUMBER of the linked library. */
+SDPA_API int sdpa_version_number(void);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Status codes                                                                              */
+/* ---------------------------------------------------------------------------------------- */
+
+/* One list generates the enum and the strings of sdpa_status_str(). Values are stable. */
+#define SDPA_STATUS_LIST(X)                                                                    \
+    X(SDPA_OK, 0, "success")                                                                   \
+    X(SDPA_ERR_NULL, -1, "a required pointer is NULL")                                         \
+    X(SDPA_ERR_DTYPE, -2, "unsupported or mismatched dtype")                                   \
+    X(SDPA_ERR_DIM, -3, "an extent is zero, negative or above the documented limit")           \
+    X(SDPA_ERR_SHAPE, -4, "shapes of the tensors are inconsistent")                            \
+    X(SDPA_ERR_HEADS, -5, "query heads are not a multiple of key/value heads")                 \
+    X(SDPA_ERR_BROADCAST, -6, "mask is not broadcastable to (B, Hq, Lq, Lk)")                  \
+    X(SDPA_ERR_OVERFLOW, -7, "a size or address range overflows int64 or size_t")              \
+    X(SDPA_ERR_PARAM, -8, "invalid parameter value")                                           \
+    X(SDPA_ERR_ALIAS, -9, "an output overlaps an input, another output or itself")             \
+    X(SDPA_ERR_NOMEM, -10, "out of memory")                                                    \
+    X(SDPA_ERR_THREADS, -11, "invalid thread count or thread creation failed")                 \
+    X(SDPA_ERR_UNSUPPORTED, -12, "valid request that this build does not support")             \
+    X(SDPA_ERR_INTERNAL, -13, "internal error (a bug: please report it)")
+
+#define SDPA__STATUS_ENUM(name, value, text) name = value,
+typedef enum sdpa_status { SDPA_STATUS_LIST(SDPA__STATUS_ENUM) } sdpa_status;
+#undef SDPA__STATUS_ENUM
+
+/* @return a static, human-readable description of a status ("success", "out of memory"…),
+ *         or "unknown status" for a value that is not in the list. Never NULL. Thread safe. */
+SDPA_API const char *sdpa_status_str(sdpa_status status);
+
+/* @return the enumerator's name ("SDPA_ERR_SHAPE"), or "SDPA_UNKNOWN". Never NULL. */
+SDPA_API const char *sdpa_status_name(sdpa_status status);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Tensors                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum sdpa_dtype {
+    SDPA_F32 = 0,  /* IEEE binary32 */
+    SDPA_F16 = 1,  /* IEEE binary16; accumulated in f32 or wider */
+    SDPA_BF16 = 2, /* bfloat16 (the upper half of a binary32) */
+    SDPA_BOOL = 3  /* one byte, 0 = false, anything else = true; masks only */
+} sdpa_dtype;
+
+/* @return the size of one element in bytes (4, 2, 2, 1), or 0 for an unknown dtype. */
+SDPA_API size_t sdpa_dtype_size(sdpa_dtype dtype);
+
+/* @return "f32", "f16", "bf16", "bool", or "unknown". */
+SDPA_API const char *sdpa_dtype_name(sdpa_dtype dtype);
+
+/*
+ * A view of caller-owned memory with four logical dimensions.
+ *
+ * shape is always read as (B, H, L, D): batch, heads, sequence, features (for a mask:
+ * (B, Hq, Lq, Lk)). stride[i] is the distance in elements between neighbours along dimension
+ * i; it may be 0 (broadcast) or negative for inputs. Element (b, h, l, d) lives at
+ *     (char *)data + (b*stride[0] + h*stride[1] + l*stride[2] + d*stride[3]) * dtype size.
+ * The two common memory layouts are both views, no copy needed:
+ *     (B, H, L, D) contiguous: stride = {H*L*D, L*D, D, 1}  — sdpa_tensor_bhld()
+ *     (B, L, H, D) contiguous: stride = {L*H*D, D, H*D, 1}  — sdpa_tensor_blhd()
+ * A tensor of lower rank uses extents of 1 for the dimensions it lacks: a (L, D) matrix is
+ * shape {1, 1, L, D}.
+ */
+typedef struct sdpa_tensor {
+    void *data;
+    sdpa_dtype dtype;
+    int64_t shape[4];
+    int64_t stride[4];
+} sdpa_tensor;
+
+/* @return a view of a contiguous (B, H, L, D) array. Does not allocate; cannot fail (the
+ *         extents are checked when the tensor is used). */
+SDPA_API sdpa_tensor sdpa_tensor_bhld(void *data, sdpa_dtype dtype, int64_t b, int64_t h,
+                                      int64_t l, int64_t d);
+
+/* @return a view of a contiguous (B, L, H, D) array (the layout of a fused projection
+ *         output), still indexed as (b, h, l, d). */
+SDPA_API sdpa_tensor sdpa_tensor_blhd(void *data, sdpa_dtype dtype, int64_t b, int64_t l,
+                                      int64_t h, int64_t d);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Limits                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Every extent must lie in [1, SDPA_MAX_EXTENT]; head dimensions (Dk, Dv) in
+ * [1, SDPA_MAX_HEAD_DIM]. The address range a tensor spans (its extents times the absolute
+ * values of its strides, in bytes) must fit in int64 and in size_t. Anything else returns
+ * SDPA_ERR_DIM or SDPA_ERR_OVERFLOW before memory is touched. */
+#define SDPA_MAX_EXTENT ((int64_t)2147483647) /* 2^31 - 1 */
+#define SDPA_MAX_HEAD_DIM ((int64_t)65536)
+#define SDPA_MAX_THREADS 1024
+
+/* ---------------------------------------------------------------------------------------- */
+/* Context                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Instruction-set levels, in increasing order. A cap can only lower what the CPU offers. */
+typedef enum sdpa_isa {
+    SDPA_ISA_AUTO = 0,    /* no cap: the best level the CPU and OS support */
+    SDPA_ISA_GENERIC = 1, /* portable C */
+    SDPA_ISA_AVX2 = 2,    /* x86-64 AVX2 + FMA */
+    SDPA_ISA_AVX512 = 3,  /* x86-64 AVX-512 F/BW/DQ/VL */
+    SDPA_ISA_AMX = 4      /* x86-64 AMX tiles */
+} sdpa_isa;
+
+/* @return "auto", "generic", "avx2", "avx512", "amx", or "unknown". */
+SDPA_API const char *sdpa_isa_name(sdpa_isa isa);
+
+/* Optional allocator hooks. alloc must return memory aligned to at least `align` bytes (a
+ * power of two, at most 4096) or NULL; free receives what alloc returned (never NULL).
+ * Leave both NULL for the C library's aligned allocation. */
+typedef struct sdpa_allocator {
+    void *(*alloc)(size_t size, size_t align, void *user);
+    void (*free)(void *ptr, void *user);
+    void *user;
+} sdpa_allocator;
+
+/* Parameters of a context. A zero-initialised struct ({0}) means the defaults. */
+typedef struct sdpa_ctx_params {
+    int n_threads;           /* 0 = one per online core; else 1..SDPA_MAX_THREADS */
+    sdpa_isa max_isa;        /* cap on the kernels chosen; SDPA_ISA_AUTO = no cap */
+    sdpa_allocator allocator; /* all NULL = default allocator */
+} sdpa_ctx_params;
+
+typedef struct sdpa_ctx sdpa_ctx;
+
+/*
+ * Creates a context: it owns the kernel table chosen for this CPU, the worker threads and
+ * scratch memory. The CPU is probed once, here (CPUID and XGETBV: a level is used only if the
+ * OS saves its registers). The environment variable SDPA_MAX_ISA (generic|avx2|avx512|amx)
+ * may lower the choice further, never raise it; an unknown value is ignored, and
+ * sdpa_ctx_describe() says so.
+ *
+ * @param params  NULL or a zero-initialised struct for the defaults.
+ * @param out     receives the context; set to NULL on failure.
+ * @return SDPA_OK; SDPA_ERR_NULL if out is NULL; SDPA_ERR_THREADS for n_threads < 0 or
+ *         > SDPA_MAX_THREADS; SDPA_ERR_PARAM for an unknown max_isa or an allocator with only
+ *         one of alloc/free set; SDPA_ERR_NOMEM.
+ * Thread safe.
+ */
+SDPA_API sdpa_status sdpa_ctx_create(const sdpa_ctx_params *params, sdpa_ctx **out);
+
+/* Destroys a context and frees all it owns. NULL is a no-op. The context must not be in use. */
+SDPA_API void sdpa_ctx_destroy(sdpa_ctx *ctx);
+
+/* @return the message of the last failed call on this context (for example
+ *         "k.shape[3]=64 but q.shape[3]=80"), or "" if none has failed. The string belongs to
+ *         the context and stays valid until its next call. NULL ctx gives "". */
+SDPA_API const char *sdpa_ctx_last_error(const sdpa_ctx *ctx);
+
+/* @return the number of threads the context computes with (>= 1). */
+SDPA_API int sdpa_ctx_n_threads(const sdpa_ctx *ctx);
+
+/* @return the instruction-set level of the kernels the context dispatches to. */
+SDPA_API sdpa_isa sdpa_ctx_isa(const sdpa_ctx *ctx);
+
+/* @return a multi-line, human-readable description of what the CPU offers, which cap applied
+ *         (and from where) and which implementation each operation uses. Owned by the
+ *         context, valid until it is destroyed. */
+SDPA_API const char *sdpa_ctx_describe(const sdpa_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Attention parameters                                                                      */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Where the causal diagonal (and the sliding window) sits when Lq != Lk. */
+typedef enum sdpa_align {
+    /* Query i is aligned with key i: the diagonal starts at the top-left corner. This is
+     * PyTorch's is_causal (torch.ones(Lq, Lk).tril()). */
+    SDPA_ALIGN_TOP_LEFT = 0,
+    /* Query i is aligned with key i + (Lk - Lq): the last query sees the last key. This is
+     * FlashAttention >= 2.1 and KV-cache decoding, where the queries are the newest tokens. */
+    SDPA_ALIGN_BOTTOM_RIGHT = 1
+} sdpa_align;
+
+/* What to compute. A zero-initialised struct ({0}) is plain attention with
+ * scale = 1/sqrt(Dk), no mask, no window, no softcap, no ALiBi. Because a window of 0 is a
+ * meaningful request (each query sees only its aligned key), the window bounds take effect
+ * only when use_window is nonzero; zero-initialised bounds then mean (0, 0), and -1 leaves a
+ * side open. */
+typedef struct sdpa_params {
+    float scale;           /* 0 = 1/sqrt(Dk); must be finite (may be negative) */
+    int causal;            /* nonzero: key j is invisible to query i when j > i + off */
+    sdpa_align align;      /* defines off, see Semantics; applies to causal, window, ALiBi */
+    int use_window;        /* nonzero: window_left and window_right apply (else ignored) */
+    int64_t window_left;   /* -1 = unbounded; else >= 0: keys j >= i + off - window_left */
+    int64_t window_right;  /* -1 = unbounded; else >= 0: keys j <= i + off + window_right */
+    float softcap;         /* 0 = off; else > 0 and finite: scores become c * tanh(s / c) */
+    const float *alibi_slopes; /* NULL, or Hq finite slopes: bias -slope * |i + off - j| */
+    const sdpa_tensor *mask;   /* NULL, or BOOL / additive F32, F16, BF16; see Semantics */
+} sdpa_params;
+
+/*
+ * Semantics — every path of the library obeys these.
+ *
+ * Scores. For query i and key j of one (batch, query head):
+ *     s_ij = softcap(scale * q_i . k_j) + alibi_ij + mask_ij
+ * where softcap(x) = c * tanh(x / c) when softcap = c > 0, alibi_ij = -slope_h * |i + off - j|
+ * when alibi_slopes is set, and mask_ij is the additive mask value (0 for a BOOL mask).
+ * This is the order FlashAttention and ggml use.
+ *
+ * Visibility. off = 0 for SDPA_ALIGN_TOP_LEFT and off = Lk - Lq for SDPA_ALIGN_BOTTOM_RIGHT.
+ * Key j is visible to query i iff
+ *     i + off - window_left <= j <= i + off + window_right
+ * where a bound of -1 (or either bound when use_window is 0) is open, and causal sets
+ * window_right to 0. A BOOL mask further hides
+ * key j from query i where mask[b, h, i, j] == 0 (nonzero = may attend: PyTorch's polarity).
+ * An additive mask of -inf hides the key the same way. An invisible key has no effect at all
+ * on row i, even if its K or V holds NaN or Inf.
+ *
+ * Output. O_i = sum_j p_ij v_j with p_ij = exp(s_ij - LSE_i) over the visible keys, and
+ * LSE_i = log(sum_j exp(s_ij)) (natural log). Every sum is accumulated in at least f32;
+ * half-precision inputs are widened exactly and outputs rounded once, at the end.
+ *
+ * Fully masked rows. A row with no visible key (or whose visible scores are all -inf) has
+ * O_i = 0 and LSE_i = -inf. It is not NaN.
+ *
+ * NaN and Inf. NaN in Q, K or V propagates to exactly the outputs that can see it: NaN in
+ * q_i makes row i NaN; NaN in k_j makes every row that sees key j NaN; NaN in v_j[d] makes
+ * O[:, d] NaN in every row that sees key j. A +inf or NaN score (from the inputs or the mask)
+ * makes its row NaN. Invisible keys never contribute NaN.
+ *
+ * Shapes. mask: broadcastable to (B, Hq, Lq, Lk) — each extent equal or 1 (an extent of 1
+ * is broadcast whatever its stride). Query head h reads key/value head h / (Hq / Hkv)
+ * (grouped-query attention; multi-query when Hkv = 1).
+ */
+
+/* ---------------------------------------------------------------------------------------- */
+/* Forward                                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Computes attention.
+ *
+ * @param ctx     a context (used by one thread at a time).
+ * @param q       (B, Hq, Lq, Dk), F32/F16/BF16.
+ * @param k       (B, Hkv, Lk, Dk), F32/F16/BF16; Hq % Hkv == 0.
+ * @param v       (B, Hkv, Lk, Dv), F32/F16/BF16. Dv may differ from Dk; Lk may differ from Lq.
+ * @param params  NULL or {0} for the defaults; see sdpa_params and Semantics.
+ * @param out     (B, Hq, Lq, Dv), F32/F16/BF16, written.
+ * @param lse     NULL, or (B, Hq, Lq, 1) F32, written with the log-sum-exp of each row.
+ *
+ * Inputs may use any strides (0 and negative included) and any mix of dtypes. Outputs must
+ * not overlap themselves (no stride 0 over an extent > 1), each other, or any input: their
+ * address ranges are compared, so two interleaved views of one buffer are refused too.
+ *
+ * @return SDPA_OK, or an error, in which case out and lse are untouched and
+ *         sdpa_ctx_last_error(ctx) names the argument and its values:
+ *   SDPA_ERR_NULL (a NULL ctx, tensor or data pointer), SDPA_ERR_DTYPE, SDPA_ERR_DIM,
+ *   SDPA_ERR_SHAPE, SDPA_ERR_HEADS, SDPA_ERR_BROADCAST, SDPA_ERR_OVERFLOW, SDPA_ERR_PARAM
+ *   (scale, softcap, window, align, ALiBi slope), SDPA_ERR_ALIAS, SDPA_ERR_NOMEM.
+ */
+SDPA_API sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                                  const sdpa_tensor *v, const sdpa_params *params,
+                                  sdpa_tensor *out, sdpa_tensor *lse);
+
+/*
+ * Computes the attention probabilities p_ij themselves, for inspection and heatmaps. Rows sum
+ * to 1, invisible keys are 0, fully masked rows are all 0. This materialises Lq x Lk values
+ * per head: use sdpa_forward for the output.
+ *
+ * @param q, k, params  as for sdpa_forward (V is not needed).
+ * @param weights       (B, Hq, Lq, Lk) F32, written.
+ * @return as for sdpa_forward; on error weights is untouched.
+ */
+SDPA_API sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                                  const sdpa_params *params, sdpa_tensor *weights);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SDPA_H */

@@ -1,0 +1,30 @@
+/*
+ * api.c — the public entry points: validate, choose an implementation from the kernel
+ * table, run it. On any failure the outputs are untouched (validation writes nothing, and
+ * implementations may fail only before they write, with SDPA_ERR_NOMEM).
+ */
+#include "../kernels/kernels.h"
+#include "internal.h"
+
+sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,
+                         sdpa_tensor *lse) {
+    if (ctx == NULL)
+        return SDPA_ERR_NULL;
+    sdpa__problem p;
+    sdpa_status st = sdpa__check_forward(ctx, q, k, v, params, out, lse, &p);
+    if (st != SDPA_OK)
+        return st;
+    return sdpa__select(ctx->isa, &p)->forward(ctx, &p, out, lse);
+}
+
+sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                         const sdpa_params *params, sdpa_tensor *weights) {
+    if (ctx == NULL)
+        return SDPA_ERR_NULL;
+    sdpa__problem p;
+    sdpa_status st = sdpa__check_weights(ctx, q, k, params, weights, &p);
+    if (st != SDPA_OK)
+        return st;
+    return sdpa__select(ctx->isa, &p)->weights(ctx, &p, weights);
+}

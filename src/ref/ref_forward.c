@@ -1,0 +1,185 @@
+/*
+ * ref_forward.c — the reference forward pass and attention weights.
+ *
+ * Written to be read, not to be fast: one query row at a time, every score materialised in
+ * double, two passes over the keys (scores and their maximum; then exponentials, sum and the
+ * weighted sum of values). Every rule of the "Semantics" section of sdpa.h is implemented here
+ * in the most literal way, and the fast paths are tested against this file.
+ */
+#include "ref.h"
+
+#include "../core/half.h"
+#include "../kernels/kernels.h"
+
+#include <math.h>
+
+/* What pass 1 found in a row. */
+typedef enum row_kind {
+    ROW_OK,    /* at least one key contributes and every score is finite or -inf */
+    ROW_EMPTY, /* no key contributes: fully masked, output 0 and LSE -inf */
+    ROW_NAN    /* a contributing score is NaN or +inf: the row is NaN */
+} row_kind;
+
+/* Pass 1 for query row i of (b, h): s[j] for every key j of kv head hk. Keys hidden by the
+ * window, the bool mask or a -inf bias get s[j] = -inf and take no further part.
+ *   s:   (Lk) scores, written
+ *   q_i: (Dk) the query row, already widened to double
+ *   *m:  the largest finite score (-inf if none)                                          */
+static row_kind row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t i,
+                           const double *q_i, double *s, double *m) {
+    const int64_t hk = h / p->group;
+    int any_nan = 0;
+    *m = -INFINITY;
+    for (int64_t j = 0; j < p->Lk; j++) {
+        s[j] = -INFINITY;
+        if (!sdpa__visible(p, i, j))
+            continue;
+        double bias = 0.0;
+        if (p->has_mask) {
+            const float mv = sdpa__load(p->mask.data, p->mask.dtype,
+                                        sdpa__offset(&p->mask, b, h, i, j));
+            if (p->mask.dtype == SDPA_BOOL) {
+                if (mv == 0.0f)
+                    continue;
+            } else {
+                bias = (double)mv;
+            }
+        }
+        /* s_ij = softcap(scale * q_i . k_j) + alibi_ij + mask_ij */
+        double dot = 0.0;
+        for (int64_t d = 0; d < p->Dk; d++)
+            dot += q_i[d] *
+                   (double)sdpa__load(p->k.data, p->k.dtype, sdpa__offset(&p->k, b, hk, j, d));
+        double x = p->scale * dot;
+        if (p->softcap > 0.0)
+            x = p->softcap * tanh(x / p->softcap);
+        if (p->alibi != NULL)
+            x -= (double)p->alibi[h] * fabs((double)(i + p->off - j));
+        x += bias;
+        s[j] = x;
+        if (isnan(x) || x == INFINITY)
+            any_nan = 1;
+        else if (x > *m)
+            *m = x;
+    }
+    if (any_nan)
+        return ROW_NAN;
+    return *m == -INFINITY ? ROW_EMPTY : ROW_OK;
+}
+
+/* Widens query row i of (b, h) into q_i (Dk). */
+static void load_q(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, double *q_i) {
+    for (int64_t d = 0; d < p->Dk; d++)
+        q_i[d] = (double)sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, h, i, d));
+}
+
+sdpa_status sdpa__ref_forward(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor *out,
+                              sdpa_tensor *lse) {
+    double *q_i = sdpa__alloc(ctx, (size_t)p->Dk * sizeof(double), 64);
+    double *s = sdpa__alloc(ctx, (size_t)p->Lk * sizeof(double), 64);
+    double *o_i = sdpa__alloc(ctx, (size_t)p->Dv * sizeof(double), 64);
+    if (q_i == NULL || s == NULL || o_i == NULL) {
+        sdpa__free(ctx, q_i);
+        sdpa__free(ctx, s);
+        sdpa__free(ctx, o_i);
+        return sdpa__fail(ctx, SDPA_ERR_NOMEM, "reference forward: no memory for %lld scores",
+                          (long long)p->Lk);
+    }
+    for (int64_t b = 0; b < p->B; b++) {
+        for (int64_t h = 0; h < p->Hq; h++) {
+            const int64_t hk = h / p->group;
+            for (int64_t i = 0; i < p->Lq; i++) {
+                // pass 1: scores and their maximum
+                load_q(p, b, h, i, q_i);
+                double m;
+                const row_kind kind = row_scores(p, b, h, i, q_i, s, &m);
+
+                // pass 2: o_i = sum_j exp(s_ij - m) v_j / sum_j exp(s_ij - m)
+                double sum = 0.0;
+                for (int64_t d = 0; d < p->Dv; d++)
+                    o_i[d] = 0.0;
+                if (kind == ROW_OK) {
+                    for (int64_t j = 0; j < p->Lk; j++) {
+                        if (s[j] == -INFINITY)
+                            continue; /* hidden keys never touch V: NaN there stays out */
+                        const double e = exp(s[j] - m);
+                        sum += e;
+                        for (int64_t d = 0; d < p->Dv; d++)
+                            o_i[d] += e * (double)sdpa__load(p->v.data, p->v.dtype,
+                                                             sdpa__offset(&p->v, b, hk, j, d));
+                    }
+                }
+
+                // pass 3: normalise, round once, store
+                double row_lse;
+                if (kind == ROW_OK)
+                    row_lse = m + log(sum);
+                else
+                    row_lse = kind == ROW_EMPTY ? -INFINITY : NAN;
+                for (int64_t d = 0; d < p->Dv; d++) {
+                    double o = 0.0;
+                    if (kind == ROW_OK)
+                        o = o_i[d] / sum;
+                    else if (kind == ROW_NAN)
+                        o = NAN;
+                    sdpa__store(out->data, out->dtype, sdpa__offset(out, b, h, i, d), o);
+                }
+                if (lse != NULL)
+                    ((float *)lse->data)[sdpa__offset(lse, b, h, i, 0)] = (float)row_lse;
+            }
+        }
+    }
+    sdpa__free(ctx, q_i);
+    sdpa__free(ctx, s);
+    sdpa__free(ctx, o_i);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__ref_weights(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor *w) {
+    double *q_i = sdpa__alloc(ctx, (size_t)p->Dk * sizeof(double), 64);
+    double *s = sdpa__alloc(ctx, (size_t)p->Lk * sizeof(double), 64);
+    if (q_i == NULL || s == NULL) {
+        sdpa__free(ctx, q_i);
+        sdpa__free(ctx, s);
+        return sdpa__fail(ctx, SDPA_ERR_NOMEM, "reference weights: no memory for %lld scores",
+                          (long long)p->Lk);
+    }
+    float *w_data = w->data;
+    for (int64_t b = 0; b < p->B; b++) {
+        for (int64_t h = 0; h < p->Hq; h++) {
+            for (int64_t i = 0; i < p->Lq; i++) {
+                // pass 1: scores and their maximum
+                load_q(p, b, h, i, q_i);
+                double m;
+                const row_kind kind = row_scores(p, b, h, i, q_i, s, &m);
+
+                // pass 2: the normaliser
+                double sum = 0.0;
+                if (kind == ROW_OK)
+                    for (int64_t j = 0; j < p->Lk; j++)
+                        if (s[j] != -INFINITY)
+                            sum += exp(s[j] - m);
+
+                // pass 3: p_ij = exp(s_ij - m) / sum; hidden keys 0; a NaN row is NaN where
+                // it can see
+                for (int64_t j = 0; j < p->Lk; j++) {
+                    double pij = 0.0;
+                    if (s[j] != -INFINITY)
+                        pij = kind == ROW_OK ? exp(s[j] - m) / sum : NAN;
+                    w_data[sdpa__offset(w, b, h, i, j)] = (float)pij;
+                }
+            }
+        }
+    }
+    sdpa__free(ctx, q_i);
+    sdpa__free(ctx, s);
+    return SDPA_OK;
+}
+
+const sdpa__impl sdpa__impl_reference = {
+    .name = "reference",
+    .isa = SDPA_ISA_GENERIC,
+    .supports = NULL,
+    .forward = sdpa__ref_forward,
+    .weights = sdpa__ref_weights,
+};

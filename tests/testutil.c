@@ -1,0 +1,274 @@
+/*
+ * testutil.c — see testutil.h. The naive implementation here is written from the semantics
+ * in sdpa.h alone and shares no code with src/, so that the reference and it check each other.
+ */
+#include "testutil.h"
+
+#include "../src/core/half.h"
+#include "../src/core/internal.h"
+#include "../src/ref/ref.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t tu_next(tu_rng *r) {
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+double tu_uniform(tu_rng *r) { return (double)(tu_next(r) >> 11) * 0x1p-53; }
+
+double tu_randn(tu_rng *r) {
+    const double u1 = 1.0 - tu_uniform(r), u2 = tu_uniform(r);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+tu_tensor tu_alloc(sdpa_dtype dt, int64_t b, int64_t h, int64_t l, int64_t d, tu_layout layout,
+                   int64_t pad, int64_t offset) {
+    tu_tensor t;
+    memset(&t, 0, sizeof t);
+    const int64_t row = d + pad;
+    const int64_t elems = offset + b * h * l * row;
+    const size_t es = sdpa_dtype_size(dt);
+    t.bytes = (size_t)elems * es;
+    t.buf = calloc((size_t)elems, es);
+    if (t.buf == NULL) {
+        fprintf(stderr, "tu_alloc: out of memory\n");
+        exit(2);
+    }
+    t.t.data = (char *)t.buf + (size_t)offset * es;
+    t.t.dtype = dt;
+    t.t.shape[0] = b;
+    t.t.shape[1] = h;
+    t.t.shape[2] = l;
+    t.t.shape[3] = d;
+    if (layout == TU_BHLD) {
+        t.t.stride[0] = h * l * row;
+        t.t.stride[1] = l * row;
+        t.t.stride[2] = row;
+    } else {
+        t.t.stride[0] = l * h * row;
+        t.t.stride[1] = row;
+        t.t.stride[2] = h * row;
+    }
+    t.t.stride[3] = 1;
+    return t;
+}
+
+void tu_free(tu_tensor *t) {
+    free(t->buf);
+    memset(t, 0, sizeof *t);
+}
+
+static int64_t offset_of(const sdpa_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d) {
+    return b * t->stride[0] + h * t->stride[1] + l * t->stride[2] + d * t->stride[3];
+}
+
+double tu_get(const sdpa_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d) {
+    return (double)sdpa__load(t->data, t->dtype, offset_of(t, b, h, l, d));
+}
+
+void tu_set(sdpa_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d, double x) {
+    const int64_t o = offset_of(t, b, h, l, d);
+    if (t->dtype == SDPA_BOOL)
+        ((unsigned char *)t->data)[o] = x != 0.0;
+    else
+        sdpa__store(t->data, t->dtype, o, x);
+}
+
+void tu_fill_randn(tu_tensor *t, tu_rng *r, double scale, double shift) {
+    for (int64_t b = 0; b < t->t.shape[0]; b++)
+        for (int64_t h = 0; h < t->t.shape[1]; h++)
+            for (int64_t l = 0; l < t->t.shape[2]; l++)
+                for (int64_t d = 0; d < t->t.shape[3]; d++)
+                    tu_set(&t->t, b, h, l, d, tu_randn(r) * scale + shift);
+}
+
+void tu_fill_canary(tu_tensor *t) { memset(t->buf, 0xA5, t->bytes); }
+
+int tu_is_canary(const tu_tensor *t) {
+    const unsigned char *p = t->buf;
+    for (size_t i = 0; i < t->bytes; i++)
+        if (p[i] != 0xA5)
+            return 0;
+    return 1;
+}
+
+double *tu_to_doubles(const sdpa_tensor *t) {
+    const int64_t n = t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3];
+    double *x = malloc((size_t)n * sizeof *x);
+    int64_t at = 0;
+    for (int64_t b = 0; b < t->shape[0]; b++)
+        for (int64_t h = 0; h < t->shape[1]; h++)
+            for (int64_t l = 0; l < t->shape[2]; l++)
+                for (int64_t d = 0; d < t->shape[3]; d++)
+                    x[at++] = tu_get(t, b, h, l, d);
+    return x;
+}
+
+/* Rounds x to the precision of lp_dtype (-1: keep double). */
+static double rnd(int lp_dtype, double x) {
+    switch (lp_dtype) {
+    case SDPA_F32:
+        return (double)(float)x;
+    case SDPA_F16:
+        return (double)sdpa__f16_to_f32(sdpa__f64_to_f16(x));
+    case SDPA_BF16:
+        return (double)sdpa__bf16_to_f32(sdpa__f64_to_bf16(x));
+    default:
+        return x;
+    }
+}
+
+/* Accumulators: double when exact, float otherwise (half-precision math accumulates in f32). */
+static double acc_rnd(int lp_dtype, double x) { return lp_dtype < 0 ? x : (double)(float)x; }
+
+/* The mask value at (b, h, i, j), broadcasting extents of 1. */
+static double mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return tu_get(m, m->shape[0] == 1 ? 0 : b, m->shape[1] == 1 ? 0 : h,
+                  m->shape[2] == 1 ? 0 : i, m->shape[3] == 1 ? 0 : j);
+}
+
+void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                      const sdpa_params *params, int lp_dtype, double *out, double *lse) {
+    static const sdpa_params defaults = {0};
+    const sdpa_params *pr = params ? params : &defaults;
+    const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], Dk = q->shape[3];
+    const int64_t Hkv = k->shape[1], Lk = k->shape[2], Dv = v->shape[3];
+    const double scale = pr->scale != 0.0f ? (double)pr->scale : 1.0 / sqrt((double)Dk);
+    const int64_t off = pr->align == SDPA_ALIGN_BOTTOM_RIGHT ? Lk - Lq : 0;
+    const int64_t wl = pr->use_window ? pr->window_left : -1;
+    const int64_t wr = pr->causal ? 0 : (pr->use_window ? pr->window_right : -1);
+    double *S = malloc((size_t)(Lq * Lk) * sizeof *S);
+    unsigned char *vis = malloc((size_t)(Lq * Lk));
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t hk = h / (Hq / Hkv);
+            /* S and visibility, materialised */
+            for (int64_t i = 0; i < Lq; i++) {
+                for (int64_t j = 0; j < Lk; j++) {
+                    const int64_t rel = j - (i + off);
+                    int seen = !(wl >= 0 && rel < -wl) && !(wr >= 0 && rel > wr);
+                    double s = 0.0;
+                    for (int64_t d = 0; d < Dk; d++)
+                        s = acc_rnd(lp_dtype,
+                                    s + tu_get(q, b, h, i, d) * tu_get(k, b, hk, j, d));
+                    s = rnd(lp_dtype, s * scale);
+                    if (pr->softcap > 0.0f)
+                        s = rnd(lp_dtype,
+                                (double)pr->softcap * tanh(s / (double)pr->softcap));
+                    if (pr->alibi_slopes)
+                        s = rnd(lp_dtype, s - (double)pr->alibi_slopes[h] * fabs((double)rel));
+                    if (pr->mask) {
+                        const double mv = mask_at(pr->mask, b, h, i, j);
+                        if (pr->mask->dtype == SDPA_BOOL)
+                            seen = seen && mv != 0.0;
+                        else
+                            s = rnd(lp_dtype, s + mv);
+                    }
+                    if (s == -INFINITY)
+                        seen = 0;
+                    S[i * Lk + j] = s;
+                    vis[i * Lk + j] = (unsigned char)seen;
+                }
+            }
+            /* softmax and P V, row by row */
+            for (int64_t i = 0; i < Lq; i++) {
+                double m = -INFINITY;
+                int bad = 0, any = 0;
+                for (int64_t j = 0; j < Lk; j++) {
+                    if (!vis[i * Lk + j])
+                        continue;
+                    const double s = S[i * Lk + j];
+                    any = 1;
+                    if (isnan(s) || s == INFINITY)
+                        bad = 1;
+                    else if (s > m)
+                        m = s;
+                }
+                double sum = 0.0;
+                for (int64_t j = 0; j < Lk && any && !bad; j++)
+                    if (vis[i * Lk + j])
+                        sum = acc_rnd(lp_dtype, sum + acc_rnd(lp_dtype, exp(S[i * Lk + j] - m)));
+                double *o = out + ((b * Hq + h) * Lq + i) * Dv;
+                for (int64_t d = 0; d < Dv; d++) {
+                    double acc = 0.0;
+                    if (bad) {
+                        acc = NAN;
+                    } else if (any) {
+                        for (int64_t j = 0; j < Lk; j++) {
+                            if (!vis[i * Lk + j])
+                                continue;
+                            const double p = rnd(lp_dtype, exp(S[i * Lk + j] - m) / sum);
+                            acc = acc_rnd(lp_dtype, acc + p * tu_get(v, b, hk, j, d));
+                        }
+                    }
+                    o[d] = rnd(lp_dtype, acc);
+                }
+                if (lse)
+                    lse[(b * Hq + h) * Lq + i] =
+                        bad ? NAN : (any ? acc_rnd(lp_dtype, m + log(sum)) : -INFINITY);
+            }
+        }
+    }
+    free(S);
+    free(vis);
+}
+
+sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                              const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,
+                              sdpa_tensor *lse) {
+    sdpa__problem p;
+    sdpa_status st = sdpa__check_forward(ctx, q, k, v, params, out, lse, &p);
+    if (st != SDPA_OK)
+        return st;
+    return sdpa__ref_forward(ctx, &p, out, lse);
+}
+
+int tu_rule(const char *what, const double *test, const double *lp, const double *golden,
+            size_t n, sdpa_dtype dt, double k, double nmse_gate) {
+    double err_test = 0.0, err_lp = 0.0, floor_ = 0.0, num = 0.0, den = 0.0;
+    size_t mismatched = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double g = golden[i];
+        if (!isfinite(g) || !isfinite(test[i])) {
+            const int same = (isnan(g) && isnan(test[i])) || g == test[i];
+            mismatched += !same;
+            continue;
+        }
+        const double e = fabs(test[i] - g);
+        if (e > err_test)
+            err_test = e;
+        if (lp != NULL && isfinite(lp[i]) && fabs(lp[i] - g) > err_lp)
+            err_lp = fabs(lp[i] - g);
+        const double fl = fabs(rnd((int)dt, g + 0.3) - 0.3 - g);
+        if (2.0 * fl > floor_)
+            floor_ = 2.0 * fl;
+        num += e * e;
+        den += g * g;
+    }
+    const double bound = k * err_lp + floor_;
+    const double nmse = den > 0.0 ? num / den : num;
+    const int pass =
+        mismatched == 0 && err_test <= bound && (nmse_gate <= 0.0 || nmse <= nmse_gate);
+    printf("    %-44s err %.3e lp %.3e floor %.3e ratio %.3f nmse %.2e%s\n", what, err_test,
+           err_lp, floor_, bound > 0 ? err_test / bound : 0.0, nmse,
+           mismatched ? " NONFINITE-MISMATCH" : "");
+    return pass;
+}
+
+sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa) {
+    sdpa_ctx_params cp = {0};
+    cp.n_threads = n_threads;
+    cp.max_isa = max_isa;
+    sdpa_ctx *ctx;
+    if (sdpa_ctx_create(&cp, &ctx) != SDPA_OK) {
+        fprintf(stderr, "tu_ctx: cannot create a context\n");
+        exit(2);
+    }
+    return ctx;
+}

@@ -1,0 +1,82 @@
+/*
+ * testutil.h — what the tests share: owned tensors with random contents, an independent naive
+ * implementation of attention (the "same-precision baseline" of testing.md, materialising
+ * S and P), the golden (the library's reference, src/ref/, called directly so it stays the
+ * oracle when faster paths are dispatched), and the tolerance rule of testing.md.
+ */
+#ifndef SDPA_TESTUTIL_H
+#define SDPA_TESTUTIL_H
+
+#include "sdpa.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- random numbers (splitmix64: small, seedable, the same everywhere) ---------------- */
+typedef struct tu_rng {
+    uint64_t s;
+} tu_rng;
+
+uint64_t tu_next(tu_rng *r);
+double tu_uniform(tu_rng *r); /* [0, 1) */
+double tu_randn(tu_rng *r);   /* standard normal */
+
+/* ---- owned tensors ---------------------------------------------------------------------- */
+typedef enum tu_layout { TU_BHLD, TU_BLHD } tu_layout;
+
+/* A tensor view plus the buffer it owns. `pad` extra elements after each row of D
+ * (row stride D + pad), `offset` elements before the first (odd base offsets). */
+typedef struct tu_tensor {
+    sdpa_tensor t;
+    void *buf;
+    size_t bytes;
+} tu_tensor;
+
+tu_tensor tu_alloc(sdpa_dtype dt, int64_t b, int64_t h, int64_t l, int64_t d, tu_layout layout,
+                   int64_t pad, int64_t offset);
+void tu_free(tu_tensor *t);
+
+/* Element access as double (BOOL reads 0/1); set rounds to the dtype (BOOL: x != 0). */
+double tu_get(const sdpa_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d);
+void tu_set(sdpa_tensor *t, int64_t b, int64_t h, int64_t l, int64_t d, double x);
+
+/* Fills every element: randn * scale + shift. */
+void tu_fill_randn(tu_tensor *t, tu_rng *r, double scale, double shift);
+/* Fills every byte with a canary pattern / checks that it is still there. */
+void tu_fill_canary(tu_tensor *t);
+int tu_is_canary(const tu_tensor *t);
+
+/* ---- computing attention three ways ----------------------------------------------------- */
+
+/* The independent naive implementation: S = softcap(scale Q K^T) + alibi + mask materialised
+ * per head, visibility from the window rule, softmax, P V. With `in_double` every operation
+ * is in double; otherwise every intermediate is rounded to float (the same-precision
+ * baseline). Writes out (B, Hq, Lq, Dv) and lse (B, Hq, Lq) as doubles. */
+void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                      const sdpa_params *params, int in_double, double *out, double *lse);
+
+/* The golden: the library's reference implementation, called directly (not through the
+ * dispatcher). out and lse are F32 tensors the caller allocated (lse may be NULL).
+ * @return the status of validation or of the reference. */
+sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                              const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,
+                              sdpa_tensor *lse);
+
+/* ---- the tolerance rule of testing.md ----------------------------------------------------- */
+
+/* Compares n values of `test` (stored in dtype, read as double) with `golden`, given the
+ * same-precision baseline `lp`: err(x) = max |x - golden| over finite golden values;
+ * floor = 2 max |round_dt(golden + 0.3) - 0.3 - golden|; passes iff
+ * err(test) <= k * err(lp) + floor, non-finite values sit at the same positions and NMSE
+ * (if nmse_gate > 0) is at most nmse_gate. Prints one line with the figures.
+ * @return 1 on pass. */
+int tu_rule(const char *what, const double *test, const double *lp, const double *golden,
+            size_t n, sdpa_dtype dt, double k, double nmse_gate);
+
+/* Reads a whole (B, H, L, D) tensor into a contiguous double array (caller frees). */
+double *tu_to_doubles(const sdpa_tensor *t);
+
+/* Creates a context or aborts the test program (tests only). */
+sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa);
+
+#endif /* SDPA_TESTUTIL_H */
