@@ -52,7 +52,7 @@ extern "C" {
 #define SDPA_VERSION_MAJOR 0
 #define SDPA_VERSION_MINOR 1
 #define SDPA_VERSION_PATCH 0
-#define SDPA_VERSION_NUMBER                                                                    \
+#define SDPA_VERSION_NUMBER                                                                        \
     (SDPA_VERSION_MAJOR * 10000 + SDPA_VERSION_MINOR * 100 + SDPA_VERSION_PATCH)
 
 /* @return the version of the library actually linked, as "MAJOR.MINOR.PATCH". It may differ
@@ -67,20 +67,20 @@ SDPA_API int sdpa_version_number(void);
 /* ---------------------------------------------------------------------------------------- */
 
 /* One list generates the enum and the strings of sdpa_status_str(). Values are stable. */
-#define SDPA_STATUS_LIST(X)                                                                    \
-    X(SDPA_OK, 0, "success")                                                                   \
-    X(SDPA_ERR_NULL, -1, "a required pointer is NULL")                                         \
-    X(SDPA_ERR_DTYPE, -2, "unsupported or mismatched dtype")                                   \
-    X(SDPA_ERR_DIM, -3, "an extent is zero, negative or above the documented limit")           \
-    X(SDPA_ERR_SHAPE, -4, "shapes of the tensors are inconsistent")                            \
-    X(SDPA_ERR_HEADS, -5, "query heads are not a multiple of key/value heads")                 \
-    X(SDPA_ERR_BROADCAST, -6, "mask is not broadcastable to (B, Hq, Lq, Lk)")                  \
-    X(SDPA_ERR_OVERFLOW, -7, "a size or address range overflows int64 or size_t")              \
-    X(SDPA_ERR_PARAM, -8, "invalid parameter value")                                           \
-    X(SDPA_ERR_ALIAS, -9, "an output overlaps an input, another output or itself")             \
-    X(SDPA_ERR_NOMEM, -10, "out of memory")                                                    \
-    X(SDPA_ERR_THREADS, -11, "invalid thread count or thread creation failed")                 \
-    X(SDPA_ERR_UNSUPPORTED, -12, "valid request that this build does not support")             \
+#define SDPA_STATUS_LIST(X)                                                                        \
+    X(SDPA_OK, 0, "success")                                                                       \
+    X(SDPA_ERR_NULL, -1, "a required pointer is NULL")                                             \
+    X(SDPA_ERR_DTYPE, -2, "unsupported or mismatched dtype")                                       \
+    X(SDPA_ERR_DIM, -3, "an extent is zero, negative or above the documented limit")               \
+    X(SDPA_ERR_SHAPE, -4, "shapes of the tensors are inconsistent")                                \
+    X(SDPA_ERR_HEADS, -5, "query heads are not a multiple of key/value heads")                     \
+    X(SDPA_ERR_BROADCAST, -6, "mask is not broadcastable to (B, Hq, Lq, Lk)")                      \
+    X(SDPA_ERR_OVERFLOW, -7, "a size or address range overflows int64 or size_t")                  \
+    X(SDPA_ERR_PARAM, -8, "invalid parameter value")                                               \
+    X(SDPA_ERR_ALIAS, -9, "an output overlaps an input, another output or itself")                 \
+    X(SDPA_ERR_NOMEM, -10, "out of memory")                                                        \
+    X(SDPA_ERR_THREADS, -11, "invalid thread count or thread creation failed")                     \
+    X(SDPA_ERR_UNSUPPORTED, -12, "valid request that this build does not support")                 \
     X(SDPA_ERR_INTERNAL, -13, "internal error (a bug: please report it)")
 
 #define SDPA__STATUS_ENUM(name, value, text) name = value,
@@ -133,13 +133,13 @@ typedef struct sdpa_tensor {
 
 /* @return a view of a contiguous (B, H, L, D) array. Does not allocate; cannot fail (the
  *         extents are checked when the tensor is used). */
-SDPA_API sdpa_tensor sdpa_tensor_bhld(void *data, sdpa_dtype dtype, int64_t b, int64_t h,
-                                      int64_t l, int64_t d);
+SDPA_API sdpa_tensor sdpa_tensor_bhld(void *data, sdpa_dtype dtype, int64_t b, int64_t h, int64_t l,
+                                      int64_t d);
 
 /* @return a view of a contiguous (B, L, H, D) array (the layout of a fused projection
  *         output), still indexed as (b, h, l, d). */
-SDPA_API sdpa_tensor sdpa_tensor_blhd(void *data, sdpa_dtype dtype, int64_t b, int64_t l,
-                                      int64_t h, int64_t d);
+SDPA_API sdpa_tensor sdpa_tensor_blhd(void *data, sdpa_dtype dtype, int64_t b, int64_t l, int64_t h,
+                                      int64_t d);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Limits                                                                                    */
@@ -180,8 +180,8 @@ typedef struct sdpa_allocator {
 
 /* Parameters of a context. A zero-initialised struct ({0}) means the defaults. */
 typedef struct sdpa_ctx_params {
-    int n_threads;           /* 0 = one per online core; else 1..SDPA_MAX_THREADS */
-    sdpa_isa max_isa;        /* cap on the kernels chosen; SDPA_ISA_AUTO = no cap */
+    int n_threads;            /* 0 = one per online core; else 1..SDPA_MAX_THREADS */
+    sdpa_isa max_isa;         /* cap on the kernels chosen; SDPA_ISA_AUTO = no cap */
     sdpa_allocator allocator; /* all NULL = default allocator */
 } sdpa_ctx_params;
 
@@ -242,13 +242,13 @@ typedef enum sdpa_align {
  * only when use_window is nonzero; zero-initialised bounds then mean (0, 0), and -1 leaves a
  * side open. */
 typedef struct sdpa_params {
-    float scale;           /* 0 = 1/sqrt(Dk); must be finite (may be negative) */
-    int causal;            /* nonzero: key j is invisible to query i when j > i + off */
-    sdpa_align align;      /* defines off, see Semantics; applies to causal, window, ALiBi */
-    int use_window;        /* nonzero: window_left and window_right apply (else ignored) */
-    int64_t window_left;   /* -1 = unbounded; else >= 0: keys j >= i + off - window_left */
-    int64_t window_right;  /* -1 = unbounded; else >= 0: keys j <= i + off + window_right */
-    float softcap;         /* 0 = off; else > 0 and finite: scores become c * tanh(s / c) */
+    float scale;               /* 0 = 1/sqrt(Dk); must be finite (may be negative) */
+    int causal;                /* nonzero: key j is invisible to query i when j > i + off */
+    sdpa_align align;          /* defines off, see Semantics; applies to causal, window, ALiBi */
+    int use_window;            /* nonzero: window_left and window_right apply (else ignored) */
+    int64_t window_left;       /* -1 = unbounded; else >= 0: keys j >= i + off - window_left */
+    int64_t window_right;      /* -1 = unbounded; else >= 0: keys j <= i + off + window_right */
+    float softcap;             /* 0 = off; else > 0 and finite: scores become c * tanh(s / c) */
     const float *alibi_slopes; /* NULL, or Hq finite slopes: bias -slope * |i + off - j| */
     const sdpa_tensor *mask;   /* NULL, or BOOL / additive F32, F16, BF16; see Semantics */
 } sdpa_params;
@@ -314,8 +314,8 @@ typedef struct sdpa_params {
  *   (scale, softcap, window, align, ALiBi slope), SDPA_ERR_ALIAS, SDPA_ERR_NOMEM.
  */
 SDPA_API sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
-                                  const sdpa_tensor *v, const sdpa_params *params,
-                                  sdpa_tensor *out, sdpa_tensor *lse);
+                                  const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,
+                                  sdpa_tensor *lse);
 
 /*
  * Computes the attention probabilities p_ij themselves, for inspection and heatmaps. Rows sum

@@ -25,7 +25,7 @@ typedef struct check_case {
     void (*fn)(void);
 } check_case;
 
-#define CASE(fn)                                                                               \
+#define CASE(fn)                                                                                   \
     { #fn, fn }
 
 /* Failures in the current case; reset by check_run for each case. */
@@ -36,42 +36,41 @@ static inline void check__fail(const char *file, int line, const char *what) {
     fprintf(stderr, "  FAIL %s:%d: %s\n", file, line, what);
 }
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        if (!(cond))                                                                           \
-            check__fail(__FILE__, __LINE__, #cond);                                            \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            check__fail(__FILE__, __LINE__, #cond);                                                \
     } while (0)
 
 /* Like CHECK, with a printf-style explanation. */
-#define CHECK_MSG(cond, ...)                                                                   \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            char check__buf[512];                                                              \
-            snprintf(check__buf, sizeof check__buf, __VA_ARGS__);                              \
-            check__fail(__FILE__, __LINE__, check__buf);                                       \
-        }                                                                                      \
+#define CHECK_MSG(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            char check__buf[512];                                                                  \
+            snprintf(check__buf, sizeof check__buf, __VA_ARGS__);                                  \
+            check__fail(__FILE__, __LINE__, check__buf);                                           \
+        }                                                                                          \
     } while (0)
 
-#define CHECK_INT_EQ(a, b)                                                                     \
-    do {                                                                                       \
-        const long long check__a = (long long)(a), check__b = (long long)(b);                  \
-        CHECK_MSG(check__a == check__b, "%s == %s: %lld vs %lld", #a, #b, check__a, check__b);  \
+#define CHECK_INT_EQ(a, b)                                                                         \
+    do {                                                                                           \
+        const long long check__a = (long long)(a), check__b = (long long)(b);                      \
+        CHECK_MSG(check__a == check__b, "%s == %s: %lld vs %lld", #a, #b, check__a, check__b);     \
     } while (0)
 
 /* |a - b| <= tol, and both NaN counts as equal. */
-#define CHECK_NEAR(a, b, tol)                                                                  \
-    do {                                                                                       \
-        const double check__a = (double)(a), check__b = (double)(b);                           \
-        CHECK_MSG((isnan(check__a) && isnan(check__b)) || fabs(check__a - check__b) <= (tol),  \
-                  "%s ~ %s: %.9g vs %.9g (tol %.3g)", #a, #b, check__a, check__b,              \
-                  (double)(tol));                                                              \
+#define CHECK_NEAR(a, b, tol)                                                                      \
+    do {                                                                                           \
+        const double check__a = (double)(a), check__b = (double)(b);                               \
+        CHECK_MSG((isnan(check__a) && isnan(check__b)) || fabs(check__a - check__b) <= (tol),      \
+                  "%s ~ %s: %.9g vs %.9g (tol %.3g)", #a, #b, check__a, check__b, (double)(tol));  \
     } while (0)
 
-#define CHECK_STR_CONTAINS(hay, needle)                                                        \
-    do {                                                                                       \
-        const char *check__h = (hay), *check__n = (needle);                                    \
-        CHECK_MSG(check__h != NULL && strstr(check__h, check__n) != NULL,                      \
-                  "\"%s\" does not contain \"%s\"", check__h ? check__h : "(null)", check__n); \
+#define CHECK_STR_CONTAINS(hay, needle)                                                            \
+    do {                                                                                           \
+        const char *check__h = (hay), *check__n = (needle);                                        \
+        CHECK_MSG(check__h != NULL && strstr(check__h, check__n) != NULL,                          \
+                  "\"%s\" does not contain \"%s\"", check__h ? check__h : "(null)", check__n);     \
     } while (0)
 
 static inline int check_run(const check_case *cases, size_t n, int argc, char **argv) {

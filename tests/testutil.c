@@ -20,7 +20,9 @@ uint64_t tu_next(tu_rng *r) {
     return z ^ (z >> 31);
 }
 
-double tu_uniform(tu_rng *r) { return (double)(tu_next(r) >> 11) * 0x1p-53; }
+double tu_uniform(tu_rng *r) {
+    return (double)(tu_next(r) >> 11) * 0x1p-53;
+}
 
 double tu_randn(tu_rng *r) {
     const double u1 = 1.0 - tu_uniform(r), u2 = tu_uniform(r);
@@ -88,7 +90,9 @@ void tu_fill_randn(tu_tensor *t, tu_rng *r, double scale, double shift) {
                     tu_set(&t->t, b, h, l, d, tu_randn(r) * scale + shift);
 }
 
-void tu_fill_canary(tu_tensor *t) { memset(t->buf, 0xA5, t->bytes); }
+void tu_fill_canary(tu_tensor *t) {
+    memset(t->buf, 0xA5, t->bytes);
+}
 
 int tu_is_canary(const tu_tensor *t) {
     const unsigned char *p = t->buf;
@@ -125,12 +129,14 @@ static double rnd(int lp_dtype, double x) {
 }
 
 /* Accumulators: double when exact, float otherwise (half-precision math accumulates in f32). */
-static double acc_rnd(int lp_dtype, double x) { return lp_dtype < 0 ? x : (double)(float)x; }
+static double acc_rnd(int lp_dtype, double x) {
+    return lp_dtype < 0 ? x : (double)(float)x;
+}
 
 /* The mask value at (b, h, i, j), broadcasting extents of 1. */
 static double mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j) {
-    return tu_get(m, m->shape[0] == 1 ? 0 : b, m->shape[1] == 1 ? 0 : h,
-                  m->shape[2] == 1 ? 0 : i, m->shape[3] == 1 ? 0 : j);
+    return tu_get(m, m->shape[0] == 1 ? 0 : b, m->shape[1] == 1 ? 0 : h, m->shape[2] == 1 ? 0 : i,
+                  m->shape[3] == 1 ? 0 : j);
 }
 
 void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
@@ -155,12 +161,10 @@ void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_ten
                     int seen = !(wl >= 0 && rel < -wl) && !(wr >= 0 && rel > wr);
                     double s = 0.0;
                     for (int64_t d = 0; d < Dk; d++)
-                        s = acc_rnd(lp_dtype,
-                                    s + tu_get(q, b, h, i, d) * tu_get(k, b, hk, j, d));
+                        s = acc_rnd(lp_dtype, s + tu_get(q, b, h, i, d) * tu_get(k, b, hk, j, d));
                     s = rnd(lp_dtype, s * scale);
                     if (pr->softcap > 0.0f)
-                        s = rnd(lp_dtype,
-                                (double)pr->softcap * tanh(s / (double)pr->softcap));
+                        s = rnd(lp_dtype, (double)pr->softcap * tanh(s / (double)pr->softcap));
                     if (pr->alibi_slopes)
                         s = rnd(lp_dtype, s - (double)pr->alibi_slopes[h] * fabs((double)rel));
                     if (pr->mask) {
@@ -229,8 +233,8 @@ sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_te
     return sdpa__ref_forward(ctx, &p, out, lse);
 }
 
-int tu_rule(const char *what, const double *test, const double *lp, const double *golden,
-            size_t n, sdpa_dtype dt, double k, double nmse_gate) {
+int tu_rule(const char *what, const double *test, const double *lp, const double *golden, size_t n,
+            sdpa_dtype dt, double k, double nmse_gate) {
     double err_test = 0.0, err_lp = 0.0, floor_ = 0.0, num = 0.0, den = 0.0;
     size_t mismatched = 0;
     for (size_t i = 0; i < n; i++) {
@@ -255,8 +259,8 @@ int tu_rule(const char *what, const double *test, const double *lp, const double
     const double nmse = den > 0.0 ? num / den : num;
     const int pass =
         mismatched == 0 && err_test <= bound && (nmse_gate <= 0.0 || nmse <= nmse_gate);
-    printf("    %-44s err %.3e lp %.3e floor %.3e ratio %.3f nmse %.2e%s\n", what, err_test,
-           err_lp, floor_, bound > 0 ? err_test / bound : 0.0, nmse,
+    printf("    %-44s err %.3e lp %.3e floor %.3e ratio %.3f nmse %.2e%s\n", what, err_test, err_lp,
+           floor_, bound > 0 ? err_test / bound : 0.0, nmse,
            mismatched ? " NONFINITE-MISMATCH" : "");
     return pass;
 }

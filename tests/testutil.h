@@ -70,8 +70,8 @@ sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_te
  * err(test) <= k * err(lp) + floor, non-finite values sit at the same positions and NMSE
  * (if nmse_gate > 0) is at most nmse_gate. Prints one line with the figures.
  * @return 1 on pass. */
-int tu_rule(const char *what, const double *test, const double *lp, const double *golden,
-            size_t n, sdpa_dtype dt, double k, double nmse_gate);
+int tu_rule(const char *what, const double *test, const double *lp, const double *golden, size_t n,
+            sdpa_dtype dt, double k, double nmse_gate);
 
 /* Reads a whole (B, H, L, D) tensor into a contiguous double array (caller frees). */
 double *tu_to_doubles(const sdpa_tensor *t);

@@ -75,8 +75,9 @@ static void describe(sdpa_ctx *ctx, const sdpa__cpu *cpu, sdpa_isa param_cap, co
     const size_t cap = sizeof ctx->describe;
     d[0] = '\0';
     append(d, cap, "sdpa %s\n", sdpa_version());
-    append(d, cap, "cpu:      avx2=%d fma=%d f16c=%d avx512f=%d avx512bw=%d avx512dq=%d "
-                   "avx512vl=%d avx512_bf16=%d avx512_fp16=%d amx_tile=%d amx_bf16=%d\n",
+    append(d, cap,
+           "cpu:      avx2=%d fma=%d f16c=%d avx512f=%d avx512bw=%d avx512dq=%d "
+           "avx512vl=%d avx512_bf16=%d avx512_fp16=%d amx_tile=%d amx_bf16=%d\n",
            cpu->avx2, cpu->fma, cpu->f16c, cpu->avx512f, cpu->avx512bw, cpu->avx512dq,
            cpu->avx512vl, cpu->avx512_bf16, cpu->avx512_fp16, cpu->amx_tile, cpu->amx_bf16);
     append(d, cap, "cpu isa:  %s (CPUID and XGETBV)\n", sdpa_isa_name(cpu->best));
@@ -84,8 +85,10 @@ static void describe(sdpa_ctx *ctx, const sdpa__cpu *cpu, sdpa_isa param_cap, co
     if (env == NULL)
         append(d, cap, "env:      SDPA_MAX_ISA not set\n");
     else if (env_unknown)
-        append(d, cap, "env:      SDPA_MAX_ISA=\"%.40s\" is not generic|avx2|avx512|amx: "
-                       "ignored\n", env);
+        append(d, cap,
+               "env:      SDPA_MAX_ISA=\"%.40s\" is not generic|avx2|avx512|amx: "
+               "ignored\n",
+               env);
     else
         append(d, cap, "env:      SDPA_MAX_ISA=%s\n", sdpa_isa_name(env_cap));
     append(d, cap, "isa:      %s\n", sdpa_isa_name(ctx->isa));
@@ -149,12 +152,18 @@ void sdpa_ctx_destroy(sdpa_ctx *ctx) {
     a.free(ctx, a.user);
 }
 
-const char *sdpa_ctx_last_error(const sdpa_ctx *ctx) { return ctx == NULL ? "" : ctx->err; }
+const char *sdpa_ctx_last_error(const sdpa_ctx *ctx) {
+    return ctx == NULL ? "" : ctx->err;
+}
 
-int sdpa_ctx_n_threads(const sdpa_ctx *ctx) { return ctx == NULL ? 1 : ctx->n_threads; }
+int sdpa_ctx_n_threads(const sdpa_ctx *ctx) {
+    return ctx == NULL ? 1 : ctx->n_threads;
+}
 
 sdpa_isa sdpa_ctx_isa(const sdpa_ctx *ctx) {
     return ctx == NULL ? SDPA_ISA_GENERIC : ctx->isa;
 }
 
-const char *sdpa_ctx_describe(const sdpa_ctx *ctx) { return ctx == NULL ? "" : ctx->describe; }
+const char *sdpa_ctx_describe(const sdpa_ctx *ctx) {
+    return ctx == NULL ? "" : ctx->describe;
+}

@@ -36,7 +36,9 @@ float sdpa__f16_to_f32(uint16_t h) {
     return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
-float sdpa__bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float sdpa__bf16_to_f32(uint16_t h) {
+    return bits_f32((uint32_t)h << 16);
+}
 
 /* Rounds |x| (finite, >= 0) to a multiple of quantum, ties to even. quantum is a power of two
  * and x / quantum < 2^53, so every step is exact. */

@@ -20,8 +20,8 @@
 
 struct sdpa_ctx {
     int n_threads;
-    sdpa_isa cpu_isa;    /* best level the CPU and OS support */
-    sdpa_isa isa;        /* level dispatched to, after the caps */
+    sdpa_isa cpu_isa; /* best level the CPU and OS support */
+    sdpa_isa isa;     /* level dispatched to, after the caps */
     sdpa_allocator allocator;
     char err[SDPA__ERR_LEN];
     char describe[SDPA__DESCRIBE_LEN];
@@ -53,8 +53,7 @@ sdpa_status sdpa__fail(sdpa_ctx *ctx, sdpa_status status, const char *fmt, ...)
 /* Validates the arguments of sdpa_forward and fills *p. Writes nothing else. */
 sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_tensor *v, const sdpa_params *params,
-                                const sdpa_tensor *out, const sdpa_tensor *lse,
-                                sdpa__problem *p);
+                                const sdpa_tensor *out, const sdpa_tensor *lse, sdpa__problem *p);
 
 /* Validates the arguments of sdpa_weights and fills *p (p->v is zeroed, Dv = 0). */
 sdpa_status sdpa__check_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,

@@ -13,12 +13,14 @@ const char *sdpa_version(void) {
         SDPA_VERSION_PATCH);
 }
 
-int sdpa_version_number(void) { return SDPA_VERSION_NUMBER; }
+int sdpa_version_number(void) {
+    return SDPA_VERSION_NUMBER;
+}
 
 const char *sdpa_status_str(sdpa_status status) {
     switch (status) {
-#define SDPA__STATUS_TEXT(name, value, text)                                                   \
-    case name:                                                                                 \
+#define SDPA__STATUS_TEXT(name, value, text)                                                       \
+    case name:                                                                                     \
         return text;
         SDPA_STATUS_LIST(SDPA__STATUS_TEXT)
 #undef SDPA__STATUS_TEXT
@@ -28,8 +30,8 @@ const char *sdpa_status_str(sdpa_status status) {
 
 const char *sdpa_status_name(sdpa_status status) {
     switch (status) {
-#define SDPA__STATUS_NAME(name, value, text)                                                   \
-    case name:                                                                                 \
+#define SDPA__STATUS_NAME(name, value, text)                                                       \
+    case name:                                                                                     \
         return #name;
         SDPA_STATUS_LIST(SDPA__STATUS_NAME)
 #undef SDPA__STATUS_NAME

@@ -44,17 +44,15 @@ static sdpa_status check_f32(sdpa_ctx *ctx, const char *name, const sdpa_tensor 
 }
 
 /* Every extent in [1, SDPA_MAX_EXTENT]; the last also <= SDPA_MAX_HEAD_DIM if head_dim. */
-static sdpa_status check_dims(sdpa_ctx *ctx, const char *name, const sdpa_tensor *t,
-                              int head_dim) {
+static sdpa_status check_dims(sdpa_ctx *ctx, const char *name, const sdpa_tensor *t, int head_dim) {
     for (int i = 0; i < 4; i++) {
         const int64_t n = t->shape[i];
         if (n < 1)
             return sdpa__fail(ctx, SDPA_ERR_DIM, "%s.shape[%d]=%lld must be >= 1", name, i,
                               (long long)n);
         if (n > SDPA_MAX_EXTENT)
-            return sdpa__fail(ctx, SDPA_ERR_DIM,
-                              "%s.shape[%d]=%lld exceeds SDPA_MAX_EXTENT=%lld", name, i,
-                              (long long)n, (long long)SDPA_MAX_EXTENT);
+            return sdpa__fail(ctx, SDPA_ERR_DIM, "%s.shape[%d]=%lld exceeds SDPA_MAX_EXTENT=%lld",
+                              name, i, (long long)n, (long long)SDPA_MAX_EXTENT);
     }
     if (head_dim && t->shape[3] > SDPA_MAX_HEAD_DIM)
         return sdpa__fail(ctx, SDPA_ERR_DIM, "%s.shape[3]=%lld exceeds SDPA_MAX_HEAD_DIM=%lld",
@@ -89,15 +87,14 @@ static sdpa_status check_span(sdpa_ctx *ctx, const char *name, const sdpa_tensor
     int64_t elems, bytes, neg_bytes, pos_bytes;
     if (__builtin_sub_overflow(pos, neg, &elems) || __builtin_add_overflow(elems, 1, &elems) ||
         __builtin_mul_overflow(elems, es, &bytes) || (uint64_t)bytes > (uint64_t)SIZE_MAX ||
-        __builtin_mul_overflow(neg, es, &neg_bytes) ||
-        __builtin_mul_overflow(pos, es, &pos_bytes))
+        __builtin_mul_overflow(neg, es, &neg_bytes) || __builtin_mul_overflow(pos, es, &pos_bytes))
         return sdpa__fail(ctx, SDPA_ERR_OVERFLOW,
                           "%s: the address span of shape (%lld, %lld, %lld, %lld) with strides "
                           "(%lld, %lld, %lld, %lld) overflows int64 bytes",
                           name, (long long)t->shape[0], (long long)t->shape[1],
-                          (long long)t->shape[2], (long long)t->shape[3],
-                          (long long)t->stride[0], (long long)t->stride[1],
-                          (long long)t->stride[2], (long long)t->stride[3]);
+                          (long long)t->shape[2], (long long)t->shape[3], (long long)t->stride[0],
+                          (long long)t->stride[1], (long long)t->stride[2],
+                          (long long)t->stride[3]);
     const uintptr_t base = (uintptr_t)t->data;
     const uintptr_t below = (uintptr_t)(uint64_t)(-neg_bytes);
     const uintptr_t above = (uintptr_t)(uint64_t)pos_bytes + (uintptr_t)es - 1;
@@ -148,7 +145,9 @@ static sdpa_status check_no_self_overlap(sdpa_ctx *ctx, const char *name, const 
     return SDPA_OK;
 }
 
-static int overlaps(span a, span b) { return a.lo <= b.hi && b.lo <= a.hi; }
+static int overlaps(span a, span b) {
+    return a.lo <= b.hi && b.lo <= a.hi;
+}
 
 static sdpa_status check_params(sdpa_ctx *ctx, const sdpa_params *pr, int64_t hq) {
     if (pr->align != SDPA_ALIGN_TOP_LEFT && pr->align != SDPA_ALIGN_BOTTOM_RIGHT)
@@ -157,8 +156,7 @@ static sdpa_status check_params(sdpa_ctx *ctx, const sdpa_params *pr, int64_t hq
                           "SDPA_ALIGN_BOTTOM_RIGHT (1)",
                           (int)pr->align);
     if (!isfinite(pr->scale))
-        return sdpa__fail(ctx, SDPA_ERR_PARAM, "params.scale=%g is not finite",
-                          (double)pr->scale);
+        return sdpa__fail(ctx, SDPA_ERR_PARAM, "params.scale=%g is not finite", (double)pr->scale);
     if (!isfinite(pr->softcap) || pr->softcap < 0)
         return sdpa__fail(ctx, SDPA_ERR_PARAM,
                           "params.softcap=%g must be 0 (off) or positive and finite",
@@ -174,9 +172,8 @@ static sdpa_status check_params(sdpa_ctx *ctx, const sdpa_params *pr, int64_t hq
     if (pr->alibi_slopes != NULL) {
         for (int64_t h = 0; h < hq; h++)
             if (!isfinite(pr->alibi_slopes[h]))
-                return sdpa__fail(ctx, SDPA_ERR_PARAM,
-                                  "params.alibi_slopes[%lld]=%g is not finite", (long long)h,
-                                  (double)pr->alibi_slopes[h]);
+                return sdpa__fail(ctx, SDPA_ERR_PARAM, "params.alibi_slopes[%lld]=%g is not finite",
+                                  (long long)h, (double)pr->alibi_slopes[h]);
     }
     return SDPA_OK;
 }
@@ -201,9 +198,8 @@ static sdpa_status check_mask(sdpa_ctx *ctx, const sdpa_tensor *m, sdpa__problem
                               "(%lld, %lld, %lld, %lld), target (%lld, %lld, %lld, %lld))",
                               i, (long long)m->shape[i], dim_names[i], (long long)want[i],
                               (long long)m->shape[0], (long long)m->shape[1],
-                              (long long)m->shape[2], (long long)m->shape[3],
-                              (long long)want[0], (long long)want[1], (long long)want[2],
-                              (long long)want[3]);
+                              (long long)m->shape[2], (long long)m->shape[3], (long long)want[0],
+                              (long long)want[1], (long long)want[2], (long long)want[3]);
         if (m->shape[i] == 1) {
             p->mask.shape[i] = want[i];
             p->mask.stride[i] = 0;
@@ -278,25 +274,22 @@ static const char *const input_names[5] = {"q", "k", "v", "mask", "params.alibi_
 
 /* An output must not overlap itself, any input, or an earlier output. */
 static sdpa_status check_output(sdpa_ctx *ctx, const char *name, const sdpa_tensor *t,
-                                const span *in, const char *const *in_names, int n_in,
-                                span *out) {
+                                const span *in, const char *const *in_names, int n_in, span *out) {
     sdpa_status st;
     if ((st = check_span(ctx, name, t, out)) != SDPA_OK ||
         (st = check_no_self_overlap(ctx, name, t)) != SDPA_OK)
         return st;
     for (int n = 0; n < n_in; n++)
         if (overlaps(*out, in[n]))
-            return sdpa__fail(ctx, SDPA_ERR_ALIAS,
-                              "%s (bytes %p..%p) overlaps %s (bytes %p..%p)", name,
-                              (void *)out->lo, (void *)out->hi, in_names[n], (void *)in[n].lo,
+            return sdpa__fail(ctx, SDPA_ERR_ALIAS, "%s (bytes %p..%p) overlaps %s (bytes %p..%p)",
+                              name, (void *)out->lo, (void *)out->hi, in_names[n], (void *)in[n].lo,
                               (void *)in[n].hi);
     return SDPA_OK;
 }
 
 sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_tensor *v, const sdpa_params *params,
-                                const sdpa_tensor *out, const sdpa_tensor *lse,
-                                sdpa__problem *p) {
+                                const sdpa_tensor *out, const sdpa_tensor *lse, sdpa__problem *p) {
     static const sdpa_params defaults = {0};
     sdpa_status st;
     *p = (sdpa__problem){0};

@@ -27,8 +27,8 @@ void sdpa__cpu_probe(sdpa__cpu *cpu) {
     if (!osxsave || !avx)
         return;
     const uint64_t xcr0 = xgetbv0();
-    const int ymm_os = (xcr0 & 0x6) == 0x6;   /* XMM and YMM state */
-    const int zmm_os = (xcr0 & 0xe6) == 0xe6; /* + opmask, ZMM_Hi256, Hi16_ZMM */
+    const int ymm_os = (xcr0 & 0x6) == 0x6;          /* XMM and YMM state */
+    const int zmm_os = (xcr0 & 0xe6) == 0xe6;        /* + opmask, ZMM_Hi256, Hi16_ZMM */
     const int tile_os = (xcr0 & 0x60000) == 0x60000; /* XTILECFG, XTILEDATA */
     if (!ymm_os)
         return;

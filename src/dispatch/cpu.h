@@ -9,11 +9,11 @@
 #include "sdpa.h"
 
 typedef struct sdpa__cpu {
-    int avx2, fma, f16c;                           /* with OS support for YMM */
-    int avx512f, avx512bw, avx512dq, avx512vl;     /* with OS support for ZMM and opmasks */
+    int avx2, fma, f16c;                       /* with OS support for YMM */
+    int avx512f, avx512bw, avx512dq, avx512vl; /* with OS support for ZMM and opmasks */
     int avx512_bf16, avx512_fp16;
-    int amx_tile, amx_bf16;                        /* CPUID and XCR0 tile state */
-    sdpa_isa best;                                 /* highest sdpa_isa all of the above allow */
+    int amx_tile, amx_bf16; /* CPUID and XCR0 tile state */
+    sdpa_isa best;          /* highest sdpa_isa all of the above allow */
 } sdpa__cpu;
 
 /* Probes the CPU. Pure: no global state, cheap enough to call once per context. */

@@ -36,8 +36,8 @@ static row_kind row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t
             continue;
         double bias = 0.0;
         if (p->has_mask) {
-            const float mv = sdpa__load(p->mask.data, p->mask.dtype,
-                                        sdpa__offset(&p->mask, b, h, i, j));
+            const float mv =
+                sdpa__load(p->mask.data, p->mask.dtype, sdpa__offset(&p->mask, b, h, i, j));
             if (p->mask.dtype == SDPA_BOOL) {
                 if (mv == 0.0f)
                     continue;
