@@ -280,7 +280,7 @@ static void test_softcap_scale_alibi(void) {
             c.params.softcap = caps[a];
             c.params.scale = scales[s];
             c.alibi = (int)(s % 2);
-            c.mask = s == 4 ? MASK_F32 : MASK_NONE;
+            c.mask = s >= 3 ? MASK_F32 : MASK_NONE; /* s == 3: mask and ALiBi together */
             c.q_scale = 5.0;
             char name[80];
             snprintf(name, sizeof name, "softcap=%g scale=%g alibi=%d", (double)caps[a],

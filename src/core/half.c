@@ -61,7 +61,7 @@ static double round_to_format(double x, int digits, int emin) {
     if (lead < emin)
         lead = emin; /* subnormal range: fixed quantum */
     const double r = round_to_quantum(mag, ldexp(1.0, lead - (digits - 1)));
-    return x < 0 ? -r : r;
+    return signbit(x) ? -r : r; /* signbit keeps -0.0 negative, unlike x < 0 */
 }
 
 uint16_t sdpa__f64_to_f16(double x) {

@@ -336,8 +336,8 @@ sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_
         return st;
     resolve_params(params, p);
 
-    span in[5], o, l;
-    const char *names[5];
+    span in[6], o, l; /* q, k, v, mask, slopes, and out when lse is checked */
+    const char *names[6];
     int n_in = 0;
     if ((st = input_spans(ctx, p, v, in, &n_in)) != SDPA_OK)
         return st;
