@@ -38,7 +38,7 @@ install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
 format:
-	clang-format -i $$(git ls-files '*.c' '*.h')
+	clang-format -i $$(git ls-files -co --exclude-standard '*.c' '*.h')
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)
