@@ -303,15 +303,20 @@ typedef struct sdpa_params {
  * @param out     (B, Hq, Lq, Dv), F32/F16/BF16, written.
  * @param lse     NULL, or (B, Hq, Lq, 1) F32, written with the log-sum-exp of each row.
  *
- * Inputs may use any strides (0 and negative included) and any mix of dtypes. Outputs must
- * not overlap themselves (no stride 0 over an extent > 1), each other, or any input: their
- * address ranges are compared, so two interleaved views of one buffer are refused too.
+ * Inputs may use any strides (0 and negative included) and any mix of dtypes. Every data
+ * pointer (and alibi_slopes) must be aligned to its element size. Outputs must not overlap
+ * each other or any input: their address ranges are compared, so two interleaved views of one
+ * buffer are refused too. Nor may an output overlap itself, which sdpa checks conservatively:
+ * no stride 0 over an extent > 1, and, sorted by size, each |stride| must exceed the span
+ * (extent - 1) x |stride| of all smaller ones together (every layout made by slicing or
+ * permuting a contiguous array passes).
  *
  * @return SDPA_OK, or an error, in which case out and lse are untouched and
  *         sdpa_ctx_last_error(ctx) names the argument and its values:
  *   SDPA_ERR_NULL (a NULL ctx, tensor or data pointer), SDPA_ERR_DTYPE, SDPA_ERR_DIM,
  *   SDPA_ERR_SHAPE, SDPA_ERR_HEADS, SDPA_ERR_BROADCAST, SDPA_ERR_OVERFLOW, SDPA_ERR_PARAM
- *   (scale, softcap, window, align, ALiBi slope), SDPA_ERR_ALIAS, SDPA_ERR_NOMEM.
+ *   (scale, softcap, window, align, ALiBi slope, a misaligned pointer), SDPA_ERR_ALIAS,
+ *   SDPA_ERR_NOMEM.
  */
 SDPA_API sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                   const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,

@@ -49,11 +49,12 @@ int tu_is_canary(const tu_tensor *t);
 /* ---- computing attention three ways ----------------------------------------------------- */
 
 /* The independent naive implementation: S = softcap(scale Q K^T) + alibi + mask materialised
- * per head, visibility from the window rule, softmax, P V. With `in_double` every operation
- * is in double; otherwise every intermediate is rounded to float (the same-precision
- * baseline). Writes out (B, Hq, Lq, Dv) and lse (B, Hq, Lq) as doubles. */
+ * per head, visibility from the window rule, softmax, P V. With lp_dtype = -1 every operation
+ * is in double; with an sdpa_dtype, sums are accumulated in float and S, P and O are rounded
+ * to that dtype (the same-precision baseline of testing.md). Writes out (B, Hq, Lq, Dv) and
+ * lse (B, Hq, Lq) as doubles. */
 void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
-                      const sdpa_params *params, int in_double, double *out, double *lse);
+                      const sdpa_params *params, int lp_dtype, double *out, double *lse);
 
 /* The golden: the library's reference implementation, called directly (not through the
  * dispatcher). out and lse are F32 tensors the caller allocated (lse may be NULL).

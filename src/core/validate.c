@@ -3,9 +3,11 @@
  * anything is written, and turned into an sdpa__problem (see internal.h).
  *
  * The checks run in a fixed order, so that one bad argument gives one predictable status:
- * NULL pointers, dtypes, extents, shape agreement, heads, mask broadcasting, address spans,
- * scalar parameters, and last aliasing (which needs the spans). Each failure names the
- * argument and its values in the context's message.
+ * NULL pointers; the dtypes of v, out and lse (weights); q and k (dtype, extents, Dk and B
+ * agreement, Hq % Hkv); the extents and shapes of v, out and lse (weights); the mask (NULL,
+ * dtype, extents, broadcasting); scalar parameters; address spans and alignment of every
+ * tensor; and last aliasing (which needs the spans). Each failure names the argument and its
+ * values in the context's message.
  */
 #include "internal.h"
 
@@ -79,9 +81,9 @@ static sdpa_status check_span(sdpa_ctx *ctx, const char *name, const sdpa_tensor
         if (__builtin_mul_overflow(t->shape[i] - 1, t->stride[i], &ext) ||
             __builtin_add_overflow(ext < 0 ? neg : pos, ext, ext < 0 ? &neg : &pos))
             return sdpa__fail(ctx, SDPA_ERR_OVERFLOW,
-                              "%s: extent %lld x stride %lld along dimension %d overflows "
-                              "int64",
-                              name, (long long)t->shape[i], (long long)t->stride[i], i);
+                              "%s: the span of dimensions 0..%d overflows int64 (extent %lld x "
+                              "stride %lld)",
+                              name, i, (long long)t->shape[i], (long long)t->stride[i]);
     }
     const int64_t es = (int64_t)sdpa_dtype_size(t->dtype);
     int64_t elems, bytes, neg_bytes, pos_bytes;
@@ -100,8 +102,18 @@ static sdpa_status check_span(sdpa_ctx *ctx, const char *name, const sdpa_tensor
     const uintptr_t above = (uintptr_t)(uint64_t)pos_bytes + (uintptr_t)es - 1;
     if (base < below || UINTPTR_MAX - base < above)
         return sdpa__fail(ctx, SDPA_ERR_OVERFLOW,
-                          "%s: strides reach outside the address space from data=%p", name,
-                          t->data);
+                          "%s: shape (%lld, %lld, %lld, %lld) with strides (%lld, %lld, %lld, "
+                          "%lld) reaches %lld bytes below and %lld above data=%p, outside the "
+                          "address space",
+                          name, (long long)t->shape[0], (long long)t->shape[1],
+                          (long long)t->shape[2], (long long)t->shape[3], (long long)t->stride[0],
+                          (long long)t->stride[1], (long long)t->stride[2], (long long)t->stride[3],
+                          (long long)-neg_bytes, (long long)pos_bytes, t->data);
+    if (base % (uintptr_t)es != 0)
+        return sdpa__fail(ctx, SDPA_ERR_PARAM,
+                          "%s.data=%p is not aligned to its %lld-byte %s "
+                          "elements",
+                          name, t->data, (long long)es, sdpa_dtype_name(t->dtype));
     s->lo = base - below;
     s->hi = base + above;
     return SDPA_OK;
@@ -136,8 +148,9 @@ static sdpa_status check_no_self_overlap(sdpa_ctx *ctx, const char *name, const 
     for (int k = 0; k < n; k++) {
         if (st[k] <= reach)
             return sdpa__fail(ctx, SDPA_ERR_ALIAS,
-                              "%s: strides (%lld, %lld, %lld, %lld) make output elements "
-                              "overlap",
+                              "%s: strides (%lld, %lld, %lld, %lld) are not provably free of "
+                              "overlap (sorted by size, each stride must exceed the span of "
+                              "the smaller ones)",
                               name, (long long)t->stride[0], (long long)t->stride[1],
                               (long long)t->stride[2], (long long)t->stride[3]);
         reach += (ex[k] - 1) * st[k];
@@ -169,6 +182,10 @@ static sdpa_status check_params(sdpa_ctx *ctx, const sdpa_params *pr, int64_t hq
         return sdpa__fail(ctx, SDPA_ERR_PARAM,
                           "params.window_right=%lld must be -1 (unbounded) or >= 0",
                           (long long)pr->window_right);
+    if (pr->alibi_slopes != NULL && (uintptr_t)pr->alibi_slopes % sizeof(float) != 0)
+        return sdpa__fail(ctx, SDPA_ERR_PARAM,
+                          "params.alibi_slopes=%p is not aligned to 4-byte floats",
+                          (const void *)pr->alibi_slopes);
     if (pr->alibi_slopes != NULL) {
         for (int64_t h = 0; h < hq; h++)
             if (!isfinite(pr->alibi_slopes[h]))
@@ -244,6 +261,12 @@ static void resolve_params(const sdpa_params *pr, sdpa__problem *p) {
     p->off = pr->align == SDPA_ALIGN_BOTTOM_RIGHT ? p->Lk - p->Lq : 0;
     p->window_left = pr->use_window ? pr->window_left : -1;
     p->window_right = pr->use_window ? pr->window_right : -1;
+    /* |j - (i + off)| < Lq + Lk for every pair, so a wider bound hides nothing: make it open,
+     * which also keeps i + off +- window far from int64 overflow in every implementation */
+    if (p->window_left > p->Lq + p->Lk)
+        p->window_left = -1;
+    if (p->window_right > p->Lq + p->Lk)
+        p->window_right = -1;
     if (pr->causal)
         p->window_right = 0;
     p->alibi = pr->alibi_slopes;
@@ -251,7 +274,7 @@ static void resolve_params(const sdpa_params *pr, sdpa__problem *p) {
 
 /* Spans of the inputs (q, k, optional v, optional mask, optional ALiBi slopes), in `in`. */
 static sdpa_status input_spans(sdpa_ctx *ctx, const sdpa__problem *p, const sdpa_tensor *v,
-                               span *in, int *n_in) {
+                               const sdpa_tensor *mask, span *in, int *n_in) {
     sdpa_status st;
     int n = 0;
     if ((st = check_span(ctx, "q", &p->q, &in[n++])) != SDPA_OK ||
@@ -259,7 +282,8 @@ static sdpa_status input_spans(sdpa_ctx *ctx, const sdpa__problem *p, const sdpa
         return st;
     if (v != NULL && (st = check_span(ctx, "v", v, &in[n++])) != SDPA_OK)
         return st;
-    if (p->has_mask && (st = check_span(ctx, "mask", &p->mask, &in[n++])) != SDPA_OK)
+    /* the caller's mask, not the expanded view: same span, and the message shows their numbers */
+    if (mask != NULL && (st = check_span(ctx, "mask", mask, &in[n++])) != SDPA_OK)
         return st;
     if (p->alibi != NULL) {
         in[n].lo = (uintptr_t)p->alibi;
@@ -339,7 +363,7 @@ sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_
     span in[6], o, l; /* q, k, v, mask, slopes, and out when lse is checked */
     const char *names[6];
     int n_in = 0;
-    if ((st = input_spans(ctx, p, v, in, &n_in)) != SDPA_OK)
+    if ((st = input_spans(ctx, p, v, params->mask, in, &n_in)) != SDPA_OK)
         return st;
     for (int n = 0, m = 0; n < 5; n++) {
         if ((n == 3 && !p->has_mask) || (n == 4 && p->alibi == NULL))
@@ -389,7 +413,7 @@ sdpa_status sdpa__check_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_
     span in[5], w;
     const char *names[5] = {"q", "k", "mask", "params.alibi_slopes", NULL};
     int n_in = 0;
-    if ((st = input_spans(ctx, p, NULL, in, &n_in)) != SDPA_OK)
+    if ((st = input_spans(ctx, p, NULL, params->mask, in, &n_in)) != SDPA_OK)
         return st;
     if (!p->has_mask)
         names[2] = names[3];
