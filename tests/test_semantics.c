@@ -30,6 +30,7 @@ typedef struct sem_case {
     double mask_hole;    /* probability that a mask entry hides its key */
     int alibi;
     double q_scale, k_scale, shift;
+    int lp_f32; /* the baseline keeps scores in f32 (values whose products overflow the dtype) */
     uint64_t seed;
 } sem_case;
 
@@ -86,8 +87,18 @@ static int close_enough(const char *what, const double *x, const double *g, size
     return bad == 0;
 }
 
-/* Runs one case: the library (public API) against the naive double implementation.
- * @return 1 on agreement. */
+/* Fully masked rows (LSE -inf in the naive result) must be exactly +-0 in every column. */
+static int masked_rows_exact(const double *got, const double *want_lse, size_t n_lse, int64_t dv) {
+    for (size_t row = 0; row < n_lse; row++)
+        if (want_lse[row] == -INFINITY)
+            for (int64_t d = 0; d < dv; d++)
+                if (got[row * (size_t)dv + (size_t)d] != 0.0)
+                    return 0;
+    return 1;
+}
+
+/* Runs one case: the reference against the naive double implementation (to an ulp), then
+ * sdpa_forward at every ISA level the CPU has against the rule. @return 1 if all agree. */
 static int run_case(const char *name, const sem_case *c) {
     tu_rng r = {c->seed};
     tu_tensor q = tu_alloc(c->dt, c->B, c->Hq, c->Lq, c->Dk, c->layout, c->pad, c->offset);
@@ -128,32 +139,64 @@ static int run_case(const char *name, const sem_case *c) {
         p.alibi_slopes = slopes;
     }
 
-    sdpa_ctx *ctx = tu_ctx(0, SDPA_ISA_AUTO);
-    const sdpa_status st = sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &l.t);
-    int ok = st == SDPA_OK;
-    if (!ok)
-        printf("    %s: status %s: %s\n", name, sdpa_status_name(st), sdpa_ctx_last_error(ctx));
     const size_t n_out = (size_t)(c->B * c->Hq * c->Lq * c->Dv);
     const size_t n_lse = (size_t)(c->B * c->Hq * c->Lq);
     double *want = malloc(n_out * sizeof *want), *want_lse = malloc(n_lse * sizeof *want_lse);
+    double *lp = malloc(n_out * sizeof *lp), *lp_lse = malloc(n_lse * sizeof *lp_lse);
     tu_naive_forward(&q.t, &k.t, &v.t, &p, -1, want, want_lse);
+    tu_naive_forward(&q.t, &k.t, &v.t, &p, c->lp_f32 ? (int)SDPA_F32 : (int)c->dt, lp, lp_lse);
+
+    /* 1. the reference, called directly, within an ulp of the naive double result */
+    sdpa_ctx *ctx = tu_ctx(0, SDPA_ISA_AUTO);
+    sdpa_status st = tu_golden_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &l.t);
+    int ok = st == SDPA_OK;
+    if (!ok)
+        printf("    %s: status %s: %s\n", name, sdpa_status_name(st), sdpa_ctx_last_error(ctx));
     if (ok) {
         double *got = tu_to_doubles(&o.t), *got_lse = tu_to_doubles(&l.t);
         ok = close_enough("out", got, want, n_out, c->dt) &&
-             close_enough("lse", got_lse, want_lse, n_lse, SDPA_F32);
-        /* fully masked rows: exactly +0 in every column, not just close */
-        for (size_t row = 0; row < n_lse; row++)
-            if (want_lse[row] == -INFINITY)
-                for (int64_t d = 0; d < c->Dv; d++)
-                    if (got[row * (size_t)c->Dv + (size_t)d] != 0.0)
-                        ok = 0;
+             close_enough("lse", got_lse, want_lse, n_lse, SDPA_F32) &&
+             masked_rows_exact(got, want_lse, n_lse, c->Dv);
         free(got);
         free(got_lse);
     }
-    printf("    %-60s %s\n", name, ok ? "ok" : "MISMATCH");
+    printf("    %-60s reference %s\n", name, ok ? "ok" : "MISMATCH");
+
+    /* 2. every ISA level the CPU has, through the public API, by testing.md's rule with the
+     * naive double result as golden and the same-precision naive result as baseline */
+    const sdpa_isa cpu = sdpa_ctx_isa(ctx);
     sdpa_ctx_destroy(ctx);
+    for (sdpa_isa isa = SDPA_ISA_GENERIC; isa <= SDPA_ISA_AVX512 && isa <= cpu; isa++) {
+        ctx = tu_ctx(0, isa);
+        tu_fill_canary(&o);
+        st = sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &l.t);
+        if (st != SDPA_OK) {
+            printf("    %s [%s]: status %s: %s\n", name, sdpa_isa_name(isa), sdpa_status_name(st),
+                   sdpa_ctx_last_error(ctx));
+            ok = 0;
+        } else {
+            double *got = tu_to_doubles(&o.t), *got_lse = tu_to_doubles(&l.t);
+            const double kf = c->dt == SDPA_F32 ? 3.0 : 2.0;
+            const double gate = c->dt == SDPA_F32 ? 1e-10 : c->dt == SDPA_F16 ? 1e-6 : 5e-5;
+            char what[96];
+            snprintf(what, sizeof what, "[%s] out", sdpa_isa_name(isa));
+            const int good_out = tu_rule(what, got, lp, want, n_out, c->dt, kf, gate);
+            snprintf(what, sizeof what, "[%s] lse", sdpa_isa_name(isa));
+            const int good_lse = tu_rule(what, got_lse, lp_lse, want_lse, n_lse, SDPA_F32, 3.0, 0);
+            const int good_rows = masked_rows_exact(got, want_lse, n_lse, c->Dv);
+            if (!(good_out && good_lse && good_rows)) {
+                printf("    %-60s [%s] FAILS THE RULE\n", name, sdpa_isa_name(isa));
+                ok = 0;
+            }
+            free(got);
+            free(got_lse);
+        }
+        sdpa_ctx_destroy(ctx);
+    }
     free(want);
     free(want_lse);
+    free(lp);
+    free(lp_lse);
     free(slopes);
     tu_free(&q);
     tu_free(&k);
@@ -314,7 +357,9 @@ static void test_dtypes_and_inputs(void) {
     c = base_case(6, 7, 16);
     c.dt = c.kv_dt = SDPA_F16;
     c.q_scale = c.k_scale = 0.0;
-    c.shift = 65504.0; /* f16 max: scores ~6.9e10 must live in wide floats, no NaN */
+    c.shift = 65504.0; /* f16 max: scores ~1.7e10 must live in wide floats, no NaN; a
+                        * baseline rounding them to f16 would overflow, so it keeps f32 */
+    c.lp_f32 = 1;
     CHECK(run_case("f16 inputs at 65504", &c));
     c.dt = c.kv_dt = SDPA_BF16;
     c.shift = 133120.0;

@@ -15,7 +15,8 @@ sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor 
     sdpa_status st = sdpa__check_forward(ctx, q, k, v, params, out, lse, &p);
     if (st != SDPA_OK)
         return st;
-    return sdpa__select(ctx->isa, &p)->forward(ctx, &p, out, lse);
+    const sdpa__impl *impl = sdpa__select(ctx->isa, SDPA__OP_FORWARD, &p);
+    return impl->forward(impl, ctx, &p, out, lse);
 }
 
 sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -26,5 +27,6 @@ sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor 
     sdpa_status st = sdpa__check_weights(ctx, q, k, params, weights, &p);
     if (st != SDPA_OK)
         return st;
-    return sdpa__select(ctx->isa, &p)->weights(ctx, &p, weights);
+    const sdpa__impl *impl = sdpa__select(ctx->isa, SDPA__OP_WEIGHTS, &p);
+    return impl->weights(impl, ctx, &p, weights);
 }

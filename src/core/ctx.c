@@ -4,6 +4,7 @@
  */
 #include "../dispatch/cpu.h"
 #include "../kernels/kernels.h"
+#include "../thread/pool.h"
 #include "internal.h"
 
 #include <stdarg.h>
@@ -44,6 +45,15 @@ void *sdpa__alloc(const sdpa_ctx *ctx, size_t size, size_t align) {
 void sdpa__free(const sdpa_ctx *ctx, void *ptr) {
     if (ptr != NULL)
         ctx->allocator.free(ptr, ctx->allocator.user);
+}
+
+int sdpa__n_workers(const sdpa_ctx *ctx) {
+    return ctx->n_threads;
+}
+
+void sdpa__parallel_for(sdpa_ctx *ctx, int64_t n_tasks, void (*fn)(void *, int64_t, int),
+                        void *arg) {
+    sdpa__pool_run(ctx->pool, n_tasks, fn, arg);
 }
 
 static int online_cores(void) {
@@ -128,6 +138,11 @@ sdpa_status sdpa_ctx_create(const sdpa_ctx_params *params, sdpa_ctx **out) {
     memset(ctx, 0, sizeof *ctx);
     ctx->allocator = allocator;
     ctx->n_threads = params->n_threads == 0 ? online_cores() : params->n_threads;
+    const sdpa_status st = sdpa__pool_create(ctx->n_threads, &ctx->allocator, &ctx->pool);
+    if (st != SDPA_OK) {
+        allocator.free(ctx, allocator.user);
+        return st;
+    }
 
     sdpa__cpu cpu;
     sdpa__cpu_probe(&cpu);
@@ -148,6 +163,7 @@ sdpa_status sdpa_ctx_create(const sdpa_ctx_params *params, sdpa_ctx **out) {
 void sdpa_ctx_destroy(sdpa_ctx *ctx) {
     if (ctx == NULL)
         return;
+    sdpa__pool_destroy(ctx->pool);
     sdpa_allocator a = ctx->allocator;
     a.free(ctx, a.user);
 }

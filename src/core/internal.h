@@ -18,10 +18,13 @@
 #define SDPA__ERR_LEN 512
 #define SDPA__DESCRIBE_LEN 1024
 
+struct sdpa__pool; /* src/thread/pool.h */
+
 struct sdpa_ctx {
     int n_threads;
-    sdpa_isa cpu_isa; /* best level the CPU and OS support */
-    sdpa_isa isa;     /* level dispatched to, after the caps */
+    struct sdpa__pool *pool; /* n_threads - 1 workers; the calling thread is the last one */
+    sdpa_isa cpu_isa;        /* best level the CPU and OS support */
+    sdpa_isa isa;            /* level dispatched to, after the caps */
     sdpa_allocator allocator;
     char err[SDPA__ERR_LEN];
     char describe[SDPA__DESCRIBE_LEN];
@@ -64,6 +67,15 @@ sdpa_status sdpa__check_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_
  * sdpa__alloc returns NULL on failure (and for size 0 it allocates 1 byte). */
 void *sdpa__alloc(const sdpa_ctx *ctx, size_t size, size_t align);
 void sdpa__free(const sdpa_ctx *ctx, void *ptr);
+
+/* The number of workers sdpa__parallel_for may use: per-worker scratch is sized by it. */
+int sdpa__n_workers(const sdpa_ctx *ctx);
+
+/* Runs fn(arg, task, worker) once for every task < n_tasks on the context's threads, with
+ * worker < sdpa__n_workers(ctx); returns when all are done. Which worker runs which task is
+ * unspecified, so results must not depend on it. */
+void sdpa__parallel_for(sdpa_ctx *ctx, int64_t n_tasks, void (*fn)(void *, int64_t, int),
+                        void *arg);
 
 /* Offset in elements of element (i0, i1, i2, i3) of t. */
 static inline int64_t sdpa__offset(const sdpa_tensor *t, int64_t i0, int64_t i1, int64_t i2,

@@ -1,0 +1,234 @@
+/*
+ * flash.c — the tiled forward pass with the online softmax ("flash attention" on the CPU).
+ *
+ * Work is split into tasks of (batch b, kv head hk, block of query positions). A task holds
+ * the rows of every query head of hk's group for its positions, so each K/V tile is read (or
+ * packed) once for the whole group. For each tile of keys it computes the scores with the
+ * ISA's micro-kernels (kernels.h), applies the rules that hide keys or bias scores, takes the
+ * online-softmax step (running max m, running sum l, rescale factor alpha) and accumulates
+ * P V into an f32 tile of outputs; at the end O = acc / l and LSE = m + log(l). Extra memory is
+ * O(rows x (Dk + Dv + tile)) per thread, never Lq x Lk. Key tiles that the window or the causal
+ * rule hide from every row of a task are never visited.
+ *
+ * Determinism: the decomposition (tile sizes, task boundaries) depends only on the problem and
+ * the micro-kernel table, never on the number of threads, and a task's arithmetic does not
+ * depend on which thread runs it: results are bitwise identical for any n_threads.
+ *
+ * The contract's corner cases: hidden scores are set to -inf before the softmax, which turns
+ * them into -0.0 weights; if the V tile holds a NaN or Inf, P V is done by a careful loop
+ * that skips those -0.0 weights, so a hidden key never lets 0 * NaN in. A row that saw no key
+ * ends with l = 0 and is written as O = 0, LSE = -inf.
+ */
+#include "../core/half.h"
+#include "../kernels/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { TARGET_ROWS = 64, KEY_TILE = 64 };
+
+typedef struct flash_plan {
+    const sdpa__problem *p;
+    const sdpa__ukernels *uk;
+    sdpa_tensor *out, *lse;
+    int64_t bq;        /* query positions per task */
+    int64_t n_qb;      /* query blocks per (b, hk) */
+    int64_t rp;        /* padded row capacity: group * bq rounded up to lanes */
+    int64_t dvp;       /* row stride of the output accumulator */
+    int k_direct;      /* K is f32 with unit feature stride: read in place */
+    int v_direct;      /* likewise V */
+    int needs_post;    /* softcap, ALiBi or a mask: every tile is post-processed */
+    size_t per_worker; /* floats of scratch per worker */
+    float *scratch;
+} flash_plan;
+
+static int64_t round_up(int64_t x, int64_t m) {
+    return (x + m - 1) / m * m;
+}
+
+static int is_nonfinite(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x7f800000u) == 0x7f800000u;
+}
+
+/* The keys of a tile as f32 rows: in place when possible, else widened into `pack`. Also
+ * reports (when `nonfinite` is given) whether any value is NaN or Inf. */
+static const float *tile_rows(const sdpa_tensor *t, int direct, int64_t b, int64_t hk, int64_t j0,
+                              int64_t nk, int64_t d, float *pack, int64_t *ld, int *nonfinite) {
+    const float *rows;
+    if (direct) {
+        rows = (const float *)t->data + sdpa__offset(t, b, hk, j0, 0);
+        *ld = t->stride[2];
+    } else {
+        for (int64_t j = 0; j < nk; j++)
+            for (int64_t c = 0; c < d; c++)
+                pack[j * d + c] = sdpa__load(t->data, t->dtype, sdpa__offset(t, b, hk, j0 + j, c));
+        rows = pack;
+        *ld = d;
+    }
+    if (nonfinite != NULL) {
+        int bad = 0;
+        for (int64_t j = 0; j < nk; j++)
+            for (int64_t c = 0; c < d; c++)
+                bad |= is_nonfinite(rows[j * *ld + c]);
+        *nonfinite = bad;
+    }
+    return rows;
+}
+
+/* Applies window (when the tile is not wholly visible), softcap, ALiBi and mask to the
+ * transposed scores s[jj * rp + r] of keys ja.. and rows r < rows. */
+static void post_process(const flash_plan *pl, int64_t b, int64_t hk, int64_t i0, int64_t nq,
+                         int64_t ja, int64_t nk, int whole, float *s) {
+    const sdpa__problem *p = pl->p;
+    const int64_t rows = p->group * nq;
+    const float cap = (float)p->softcap;
+    for (int64_t jj = 0; jj < nk; jj++) {
+        const int64_t j = ja + jj;
+        float *s_j = s + jj * pl->rp;
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
+            const int64_t rel = j - (i + p->off);
+            if (!whole && ((p->window_left >= 0 && rel < -p->window_left) ||
+                           (p->window_right >= 0 && rel > p->window_right))) {
+                s_j[r] = -INFINITY;
+                continue;
+            }
+            float x = s_j[r];
+            if (cap > 0.0f)
+                x = cap * tanhf(x / cap);
+            if (p->alibi != NULL)
+                x -= p->alibi[h] * fabsf((float)rel);
+            if (p->has_mask) {
+                const float mv =
+                    sdpa__load(p->mask.data, p->mask.dtype, sdpa__offset(&p->mask, b, h, i, j));
+                if (p->mask.dtype == SDPA_BOOL)
+                    x = mv == 0.0f ? -INFINITY : x;
+                else
+                    x = mv == -INFINITY ? -INFINITY : x + mv;
+            }
+            s_j[r] = x;
+        }
+    }
+}
+
+/* o = alpha o + P V, skipping hidden keys (weight -0.0): used when V holds NaN or Inf. */
+static void careful_pv(int64_t nk, int64_t rows, int64_t dv, const float *p, int64_t ldp,
+                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *o_r = o + r * ldo;
+        for (int64_t c = 0; c < dv; c++)
+            o_r[c] *= alpha[r];
+        for (int64_t j = 0; j < nk; j++) {
+            const float pj = p[j * ldp + r];
+            if (pj == 0.0f && signbit(pj))
+                continue;
+            for (int64_t c = 0; c < dv; c++)
+                o_r[c] += pj * v[j * ldv + c];
+        }
+    }
+}
+
+static void flash_task(void *arg, int64_t task, int worker) {
+    const flash_plan *pl = arg;
+    const sdpa__problem *p = pl->p;
+    const sdpa__ukernels *uk = pl->uk;
+    const int64_t per_b = p->Hkv * pl->n_qb;
+    const int64_t b = task / per_b, hk = task % per_b / pl->n_qb, qb = task % pl->n_qb;
+    const int64_t i0 = qb * pl->bq, nq = i0 + pl->bq <= p->Lq ? pl->bq : p->Lq - i0;
+    const int64_t rows = p->group * nq, rpad = round_up(rows, uk->lanes), rp = pl->rp;
+
+    float *qt = pl->scratch + (size_t)worker * pl->per_worker;
+    float *s = qt + p->Dk * rp;
+    float *o = s + KEY_TILE * rp;
+    float *m = o + rp * pl->dvp, *l = m + rp, *alpha = l + rp;
+    float *kpack = alpha + rp;
+    float *vpack = kpack + KEY_TILE * p->Dk;
+
+    /* the rows of the task, transposed */
+    for (int64_t r = 0; r < rpad; r++) {
+        const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
+        for (int64_t d = 0; d < p->Dk; d++)
+            qt[d * rp + r] =
+                r < rows ? sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, h, i, d))
+                         : 0.0f;
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(o, 0, (size_t)(rows * pl->dvp) * sizeof *o);
+
+    /* the keys any row of the task may see */
+    int64_t jlo = 0, jhi = p->Lk;
+    if (p->window_left >= 0 && i0 + p->off - p->window_left > jlo)
+        jlo = i0 + p->off - p->window_left;
+    if (p->window_right >= 0 && i0 + nq + p->off + p->window_right < jhi)
+        jhi = i0 + nq + p->off + p->window_right;
+
+    for (int64_t j0 = jlo / KEY_TILE * KEY_TILE; j0 < jhi; j0 += KEY_TILE) {
+        const int64_t ja = j0 > jlo ? j0 : jlo, jb = j0 + KEY_TILE < jhi ? j0 + KEY_TILE : jhi;
+        const int64_t nk = jb - ja;
+        int64_t ldk, ldv;
+        const float *kt = tile_rows(&p->k, pl->k_direct, b, hk, ja, nk, p->Dk, kpack, &ldk, NULL);
+        uk->qk(nk, rpad, p->Dk, kt, ldk, qt, rp, (float)p->scale, s, rp);
+
+        const int64_t min_rel = ja - (i0 + nq - 1 + p->off), max_rel = jb - 1 - (i0 + p->off);
+        const int whole = (p->window_right < 0 || max_rel <= p->window_right) &&
+                          (p->window_left < 0 || min_rel >= -p->window_left);
+        if (!whole || pl->needs_post)
+            post_process(pl, b, hk, i0, nq, ja, nk, whole, s);
+        uk->softmax(nk, rpad, s, rp, m, l, alpha);
+
+        int v_bad;
+        const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, ja, nk, p->Dv, vpack, &ldv, &v_bad);
+        if (v_bad)
+            careful_pv(nk, rows, p->Dv, s, rp, alpha, vt, ldv, o, pl->dvp);
+        else
+            uk->pv(nk, rows, p->Dv, s, rp, alpha, vt, ldv, o, pl->dvp);
+    }
+
+    /* O = acc / l, LSE = m + log l (summed in double: one rounding, not three); rows that saw
+     * nothing: 0 and -inf */
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
+        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+        const float *o_r = o + r * pl->dvp;
+        for (int64_t d = 0; d < p->Dv; d++)
+            sdpa__store(pl->out->data, pl->out->dtype, sdpa__offset(pl->out, b, h, i, d),
+                        (double)(o_r[d] * inv));
+        if (pl->lse != NULL)
+            ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] =
+                l[r] == 0.0f ? -INFINITY : (float)((double)m[r] + log((double)l[r]));
+    }
+}
+
+sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
+                                sdpa_tensor *out, sdpa_tensor *lse) {
+    flash_plan pl;
+    memset(&pl, 0, sizeof pl);
+    pl.p = p;
+    pl.uk = self->uk;
+    pl.out = out;
+    pl.lse = lse;
+    pl.bq = TARGET_ROWS / p->group > 1 ? TARGET_ROWS / p->group : 1;
+    if (pl.bq > p->Lq)
+        pl.bq = p->Lq;
+    pl.n_qb = (p->Lq + pl.bq - 1) / pl.bq;
+    pl.rp = round_up(p->group * pl.bq, 16); /* a multiple of every ISA's lanes */
+    pl.dvp = round_up(p->Dv, 16);
+    pl.k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
+    pl.v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
+    pl.needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
+    /* qt, s, o, m, l, alpha, then the K and V packing tiles; each region keeps 64-byte
+     * alignment because every size is a multiple of 16 floats */
+    pl.per_worker = (size_t)(p->Dk * pl.rp + KEY_TILE * pl.rp + pl.rp * pl.dvp + 3 * pl.rp +
+                             round_up(KEY_TILE * p->Dk, 16) + round_up(KEY_TILE * p->Dv, 16));
+    const int workers = sdpa__n_workers(ctx);
+    pl.scratch = sdpa__alloc(ctx, (size_t)workers * pl.per_worker * sizeof(float), 64);
+    if (pl.scratch == NULL)
+        return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash forward: no memory for %d x %zu bytes",
+                          workers, pl.per_worker * sizeof(float));
+    sdpa__parallel_for(ctx, p->B * p->Hkv * pl.n_qb, flash_task, &pl);
+    sdpa__free(ctx, pl.scratch);
+    return SDPA_OK;
+}

@@ -1,0 +1,181 @@
+/*
+ * ukernels_avx512.c — the flash micro-kernels for AVX-512 (F, DQ, BW, VL) with FMA; compiled
+ * with those flags for this file only, and called only after the dispatcher has checked CPUID
+ * and XGETBV. See kernels.h for what each computes.
+ *
+ * Register blocking: a block of `mr` broadcast scalars times `nv` vectors of 16 floats, with
+ * mr x nv <= 24 accumulators of the 32 zmm registers. The block functions are always inlined
+ * with constant mr and nv, so the compiler keeps the accumulators in registers.
+ *
+ * exp: x is clamped below at -100, split as x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, ln2
+ * in two parts), e^r by its degree-7 Taylor polynomial (truncation < 5e-9 relative) and 2^n
+ * applied with vscalefps, which also produces subnormals. Measured against double-precision
+ * exp on [-100, 0], the relative error is within 2 ulp (tests/test_flash.c checks it).
+ */
+#include "../kernels.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-100.0f), x); /* NaN x stays NaN: max returns its 2nd */
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* s[a][16v..] = sum_d k[a][d] * qt[d][16v..] for a < mr keys, v < nv vectors of rows. */
+INLINE void qk_block(int mr, int nv, int64_t dk, const float *k, int64_t ldk, const float *qt,
+                     int64_t ldq, float scale, float *s, int64_t lds) {
+    __m512 acc[12][4];
+    for (int a = 0; a < mr; a++)
+        for (int v = 0; v < nv; v++)
+            acc[a][v] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dk; d++) {
+        __m512 q[4];
+        for (int v = 0; v < nv; v++)
+            q[v] = _mm512_loadu_ps(qt + d * ldq + 16 * v);
+        for (int a = 0; a < mr; a++) {
+            const __m512 kb = _mm512_set1_ps(k[a * ldk + d]);
+            for (int v = 0; v < nv; v++)
+                acc[a][v] = _mm512_fmadd_ps(kb, q[v], acc[a][v]);
+        }
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int a = 0; a < mr; a++)
+        for (int v = 0; v < nv; v++)
+            _mm512_storeu_ps(s + a * lds + 16 * v, _mm512_mul_ps(sc, acc[a][v]));
+}
+
+/* All keys against nv vectors of rows, mr keys at a time, then the key tail. */
+INLINE void qk_rows(int mr, int nv, int64_t nk, int64_t dk, const float *k, int64_t ldk,
+                    const float *qt, int64_t ldq, float scale, float *s, int64_t lds) {
+    int64_t j = 0;
+    for (; j + mr <= nk; j += mr)
+        qk_block(mr, nv, dk, k + j * ldk, ldk, qt, ldq, scale, s + j * lds, lds);
+    for (; j < nk; j++)
+        qk_block(1, nv, dk, k + j * ldk, ldk, qt, ldq, scale, s + j * lds, lds);
+}
+
+static void qk_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                      const float *qt, int64_t ldq, float scale, float *s, int64_t lds) {
+    int64_t r = 0;
+    for (; r + 64 <= nr; r += 64)
+        qk_rows(6, 4, nk, dk, k, ldk, qt + r, ldq, scale, s + r, lds);
+    switch ((nr - r) / 16) {
+    case 3:
+        qk_rows(8, 3, nk, dk, k, ldk, qt + r, ldq, scale, s + r, lds);
+        break;
+    case 2:
+        qk_rows(12, 2, nk, dk, k, ldk, qt + r, ldq, scale, s + r, lds);
+        break;
+    case 1:
+        qk_rows(12, 1, nk, dk, k, ldk, qt + r, ldq, scale, s + r, lds);
+        break;
+    default:
+        break;
+    }
+}
+
+static void softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                           float *alpha) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), neg_zero = _mm512_set1_ps(-0.0f);
+    for (int64_t r = 0; r < nr; r += 16) {
+        const __m512 m_old = _mm512_loadu_ps(m + r);
+        __m512 mx = m_old;
+        for (int64_t j = 0; j < nk; j++)
+            mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j * lds + r));
+        /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
+        const __m512 u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), mx,
+                                              _mm512_setzero_ps());
+        const __m512 a = exp512(_mm512_sub_ps(m_old, u));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nk; j++) {
+            const __m512 x = _mm512_loadu_ps(s + j * lds + r);
+            const __m512 p = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ),
+                                                  exp512(_mm512_sub_ps(x, u)), neg_zero);
+            _mm512_storeu_ps(s + j * lds + r, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        _mm512_storeu_ps(alpha + r, a);
+        _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
+        _mm512_storeu_ps(m + r, mx);
+    }
+}
+
+/* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
+ * of columns starting at o and v; the last vector is limited by `last` (a lane mask). */
+INLINE void pv_block(int mr, int nv, __mmask16 last, int64_t nk, const float *p, int64_t ldp,
+                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    __m512 acc[12][4];
+    for (int a = 0; a < mr; a++) {
+        const __m512 al = _mm512_set1_ps(alpha[a]);
+        for (int c = 0; c < nv; c++)
+            acc[a][c] = _mm512_mul_ps(
+                al, _mm512_maskz_loadu_ps(c == nv - 1 ? last : 0xffff, o + a * ldo + 16 * c));
+    }
+    for (int64_t j = 0; j < nk; j++) {
+        __m512 vv[4];
+        for (int c = 0; c < nv; c++)
+            vv[c] = _mm512_maskz_loadu_ps(c == nv - 1 ? last : 0xffff, v + j * ldv + 16 * c);
+        for (int a = 0; a < mr; a++) {
+            const __m512 pb = _mm512_set1_ps(p[j * ldp + a]);
+            for (int c = 0; c < nv; c++)
+                acc[a][c] = _mm512_fmadd_ps(pb, vv[c], acc[a][c]);
+        }
+    }
+    for (int a = 0; a < mr; a++)
+        for (int c = 0; c < nv; c++)
+            _mm512_mask_storeu_ps(o + a * ldo + 16 * c, c == nv - 1 ? last : 0xffff, acc[a][c]);
+}
+
+/* All rows for nv vectors of columns: 6 rows at a time, then the row tail. */
+INLINE void pv_cols(int nv, __mmask16 last, int64_t nk, int64_t nr, const float *p, int64_t ldp,
+                    const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    int64_t r = 0;
+    for (; r + 6 <= nr; r += 6)
+        pv_block(6, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+    for (; r < nr; r++)
+        pv_block(1, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+}
+
+static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    int64_t c = 0;
+    for (; c + 64 <= dv; c += 64)
+        pv_cols(4, 0xffff, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+    const int64_t rest = dv - c;
+    if (rest == 0)
+        return;
+    const __mmask16 last = (__mmask16)(rest % 16 == 0 ? 0xffff : (1u << (rest % 16)) - 1u);
+    switch ((rest + 15) / 16) {
+    case 4:
+        pv_cols(4, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        break;
+    case 3:
+        pv_cols(3, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        break;
+    case 2:
+        pv_cols(2, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        break;
+    default:
+        pv_cols(1, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        break;
+    }
+}
+
+const sdpa__ukernels sdpa__uk_avx512 = {
+    "avx512", SDPA_ISA_AVX512, 16, qk_avx512, softmax_avx512, pv_avx512,
+};

@@ -1,0 +1,73 @@
+/*
+ * ukernels_generic.c — the flash micro-kernels in portable C (see kernels.h for the
+ * contract of each). Always built, always available: the fallback on CPUs without AVX2 and
+ * the readable statement of what the SIMD versions must compute. expf is the C library's.
+ */
+#include "../kernels.h"
+
+#include <math.h>
+
+/* The dot products are accumulated in double: without FMA (portable C does not contract
+ * a * b + c), a float sum of float products would be less accurate than an f32 baseline that
+ * uses FMA, which is what the SIMD tables and the tests' baseline do. */
+static void qk_generic(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                       const float *qt, int64_t ldq, float scale, float *s, int64_t lds) {
+    enum { CHUNK = 64 };
+    double acc[CHUNK];
+    for (int64_t j = 0; j < nk; j++) {
+        const float *k_j = k + j * ldk;
+        for (int64_t r0 = 0; r0 < nr; r0 += CHUNK) {
+            const int64_t n = nr - r0 < CHUNK ? nr - r0 : CHUNK;
+            for (int64_t r = 0; r < n; r++)
+                acc[r] = 0.0;
+            for (int64_t d = 0; d < dk; d++) {
+                const double kd = (double)k_j[d];
+                const float *qt_d = qt + d * ldq + r0;
+                for (int64_t r = 0; r < n; r++)
+                    acc[r] += kd * (double)qt_d[r];
+            }
+            for (int64_t r = 0; r < n; r++)
+                s[j * lds + r0 + r] = scale * (float)acc[r];
+        }
+    }
+}
+
+static void softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                            float *alpha) {
+    for (int64_t r = 0; r < nr; r++) {
+        float mx = m[r];
+        for (int64_t j = 0; j < nk; j++) {
+            const float x = s[j * lds + r];
+            mx = x > mx || isnan(x) ? x : mx; /* a NaN score makes the row NaN */
+        }
+        const float u = mx == -INFINITY ? 0.0f : mx;
+        alpha[r] = expf(m[r] - u);
+        float sum = 0.0f;
+        for (int64_t j = 0; j < nk; j++) {
+            float *x = &s[j * lds + r];
+            *x = *x == -INFINITY ? -0.0f : expf(*x - u);
+            sum += *x;
+        }
+        l[r] = l[r] * alpha[r] + sum;
+        m[r] = mx;
+    }
+}
+
+static void pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    for (int64_t r = 0; r < nr; r++) {
+        float *o_r = o + r * ldo;
+        for (int64_t c = 0; c < dv; c++)
+            o_r[c] *= alpha[r];
+        for (int64_t j = 0; j < nk; j++) {
+            const float pj = p[j * ldp + r];
+            const float *v_j = v + j * ldv;
+            for (int64_t c = 0; c < dv; c++)
+                o_r[c] += pj * v_j[c];
+        }
+    }
+}
+
+const sdpa__ukernels sdpa__uk_generic = {
+    "generic", SDPA_ISA_GENERIC, 8, qk_generic, softmax_generic, pv_generic,
+};

@@ -1,0 +1,244 @@
+/*
+ * test_flash.c — the tiled forward path at every ISA level the CPU has: the accuracy of each
+ * table's exp (through its softmax micro-kernel), sizes around the tile and vector widths,
+ * large shapes, the NaN and masked-row rules inside tiles, and bitwise determinism for any
+ * thread count. Levels the CPU lacks are reported as skipped, never as passed.
+ */
+#include "check.h"
+#include "testutil.h"
+
+#include "../src/kernels/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The tables this build has, with the level each needs. */
+static const sdpa__ukernels *const tables[] = {
+    &sdpa__uk_generic,
+#if defined(SDPA_HAVE_X86)
+    &sdpa__uk_avx2,
+    &sdpa__uk_avx512,
+#endif
+};
+
+static sdpa_isa cpu_isa(void) {
+    sdpa_ctx *ctx = tu_ctx(1, SDPA_ISA_AUTO);
+    const sdpa_isa isa = sdpa_ctx_isa(ctx);
+    sdpa_ctx_destroy(ctx);
+    return isa;
+}
+
+/* exp through the softmax micro-kernel: one key per row, m = 0 (so u = 0 after the max of the
+ * row with its own score, when the score <= 0... we set m = 0 and scores <= 0). */
+static void test_exp_accuracy(void) {
+    const sdpa_isa cpu = cpu_isa();
+    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++) {
+        const sdpa__ukernels *uk = tables[t];
+        if (uk->isa > cpu) {
+            printf("    %-8s skipped: the CPU lacks it\n", uk->name);
+            continue;
+        }
+        enum { N = 4096 };
+        static float s[N], m[N], l[N], alpha[N];
+        double worst = 0.0, worst_x = 0.0;
+        for (int i = 0; i < N; i++) {
+            s[i] = -87.0f * (float)i / (N - 1); /* [-87, 0]: the range a softmax uses */
+            m[i] = 0.0f;
+            l[i] = 0.0f;
+        }
+        uk->softmax(1, N, s, N, m, l, alpha);
+        for (int i = 0; i < N; i++) {
+            const double x = -87.0 * (double)(float)((float)i / (N - 1)),
+                         want = exp((double)(-87.0f * (float)i / (N - 1)));
+            (void)x;
+            const double ulp = ldexp(1.0, ilogb(want) - 23);
+            const double e = fabs((double)s[i] - want) / ulp;
+            if (e > worst) {
+                worst = e;
+                worst_x = log(want);
+            }
+        }
+        printf("    %-8s exp: worst %.2f ulp at x = %.3f\n", uk->name, worst, worst_x);
+        CHECK_MSG(worst <= 2.0, "%s exp error %.2f ulp", uk->name, worst);
+        /* hidden keys are -0.0, and alpha for a row that had seen nothing is harmless */
+        s[0] = -INFINITY;
+        m[0] = -INFINITY;
+        l[0] = 0.0f;
+        uk->softmax(1, uk->lanes, s, uk->lanes, m, l, alpha);
+        CHECK(s[0] == 0.0f && signbit(s[0]));
+        CHECK(l[0] == 0.0f && m[0] == -INFINITY);
+    }
+}
+
+/* One problem against the golden at every level the CPU has, by the rule. */
+static int check_all_isas(const char *name, const sdpa_tensor *q, const sdpa_tensor *k,
+                          const sdpa_tensor *v, const sdpa_params *p) {
+    const int64_t n_out = q->shape[0] * q->shape[1] * q->shape[2] * v->shape[3];
+    const int64_t n_lse = q->shape[0] * q->shape[1] * q->shape[2];
+    double *want = malloc((size_t)n_out * sizeof *want), *lp = malloc((size_t)n_out * sizeof *lp);
+    double *want_lse = malloc((size_t)n_lse * sizeof *want_lse);
+    double *lp_lse = malloc((size_t)n_lse * sizeof *lp_lse);
+    tu_naive_forward(q, k, v, p, -1, want, want_lse);
+    tu_naive_forward(q, k, v, p, SDPA_F32, lp, lp_lse);
+    tu_tensor o =
+        tu_alloc(SDPA_F32, q->shape[0], q->shape[1], q->shape[2], v->shape[3], TU_BHLD, 0, 0);
+    tu_tensor l = tu_alloc(SDPA_F32, q->shape[0], q->shape[1], q->shape[2], 1, TU_BHLD, 0, 0);
+    int ok = 1;
+    const sdpa_isa cpu = cpu_isa();
+    for (sdpa_isa isa = SDPA_ISA_GENERIC; isa <= SDPA_ISA_AVX512; isa++) {
+        if (isa > cpu) {
+            printf("    %-40s [%s] skipped: the CPU lacks it\n", name, sdpa_isa_name(isa));
+            continue;
+        }
+        sdpa_ctx *ctx = tu_ctx(0, isa);
+        if (sdpa_forward(ctx, q, k, v, p, &o.t, &l.t) != SDPA_OK) {
+            printf("    %s: %s\n", name, sdpa_ctx_last_error(ctx));
+            ok = 0;
+        } else {
+            double *got = tu_to_doubles(&o.t), *got_lse = tu_to_doubles(&l.t);
+            char what[96];
+            snprintf(what, sizeof what, "%s [%s] out", name, sdpa_isa_name(isa));
+            ok &= tu_rule(what, got, lp, want, (size_t)n_out, SDPA_F32, 3.0, 1e-10);
+            snprintf(what, sizeof what, "%s [%s] lse", name, sdpa_isa_name(isa));
+            ok &= tu_rule(what, got_lse, lp_lse, want_lse, (size_t)n_lse, SDPA_F32, 3.0, 0.0);
+            free(got);
+            free(got_lse);
+        }
+        sdpa_ctx_destroy(ctx);
+    }
+    tu_free(&o);
+    tu_free(&l);
+    free(want);
+    free(lp);
+    free(want_lse);
+    free(lp_lse);
+    return ok;
+}
+
+/* Lengths at, below and above the key tile (64) and the row block (64 rows / group), and
+ * large shapes, with and without causal, for GQA groups 1 and 3. */
+static void test_tile_boundaries(void) {
+    static const int64_t lens[][2] = {{63, 63}, {64, 64}, {65, 65},     {129, 129},
+                                      {1, 129}, {65, 1},  {127, 193},   {193, 127},
+                                      {22, 64}, {21, 65}, {1023, 1024}, {1024, 1023}};
+    tu_rng r = {99};
+    for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
+        for (int variant = 0; variant < 4; variant++) {
+            const int64_t hkv = 1, hq = variant & 1 ? 3 : 1, d = lens[n][0] > 500 ? 64 : 40;
+            tu_tensor q = tu_alloc(SDPA_F32, 1, hq, lens[n][0], d, TU_BHLD, 0, 0);
+            tu_tensor k = tu_alloc(SDPA_F32, 1, hkv, lens[n][1], d, TU_BHLD, 0, 0);
+            tu_tensor v = tu_alloc(SDPA_F32, 1, hkv, lens[n][1], d, TU_BHLD, 0, 0);
+            tu_fill_randn(&q, &r, 1, 0);
+            tu_fill_randn(&k, &r, 1, 0);
+            tu_fill_randn(&v, &r, 1, 0);
+            sdpa_params p = {0};
+            p.causal = variant >= 2;
+            p.align = n % 2 ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+            char name[64];
+            snprintf(name, sizeof name, "Lq=%lld Lk=%lld Hq=%lld causal=%d", (long long)lens[n][0],
+                     (long long)lens[n][1], (long long)hq, p.causal);
+            CHECK_MSG(check_all_isas(name, &q.t, &k.t, &v.t, &p), "%s", name);
+            tu_free(&q);
+            tu_free(&k);
+            tu_free(&v);
+        }
+}
+
+/* NaN and Inf in the K/V of keys hidden inside a tile (sliding window, bool mask) must not
+ * reach any output; NaN in a visible V reaches exactly its column; at every level. */
+static void test_nan_inside_tiles(void) {
+    enum { L = 150, D = 24 };
+    tu_rng r = {5};
+    tu_tensor q = tu_alloc(SDPA_F32, 1, 2, L, D, TU_BHLD, 0, 0);
+    tu_tensor k = tu_alloc(SDPA_F32, 1, 2, L, D, TU_BHLD, 0, 0);
+    tu_tensor v = tu_alloc(SDPA_F32, 1, 2, L, D, TU_BHLD, 0, 0);
+    tu_tensor o = tu_alloc(SDPA_F32, 1, 2, L, D, TU_BHLD, 0, 0);
+    tu_fill_randn(&q, &r, 1, 0);
+    tu_fill_randn(&k, &r, 1, 0);
+    tu_fill_randn(&v, &r, 1, 0);
+    tu_set(&v.t, 0, 0, 70, 3, NAN);      /* seen by rows 70..80 only (window 10 left, causal) */
+    tu_set(&v.t, 0, 1, 10, 5, INFINITY); /* head 1: inf seen by rows 10..20 */
+    tu_set(&k.t, 0, 0, 100, 0, NAN);     /* seen by rows 100..110 */
+    sdpa_params p = {0};
+    p.causal = 1;
+    p.use_window = 1;
+    p.window_left = 10;
+    const sdpa_isa cpu = cpu_isa();
+    for (sdpa_isa isa = SDPA_ISA_GENERIC; isa <= SDPA_ISA_AVX512 && isa <= cpu; isa++) {
+        sdpa_ctx *ctx = tu_ctx(0, isa);
+        CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, NULL), SDPA_OK);
+        int wrong = 0;
+        for (int h = 0; h < 2; h++)
+            for (int i = 0; i < L; i++)
+                for (int d = 0; d < D; d++) {
+                    const double x = tu_get(&o.t, 0, h, i, d);
+                    const int nan_v = h == 0 && i >= 70 && i <= 80 && d == 3;
+                    const int nan_k = h == 0 && i >= 100 && i <= 110;
+                    const int inf_v = h == 1 && i >= 10 && i <= 20 && d == 5;
+                    if (nan_v || nan_k)
+                        wrong += !isnan(x);
+                    else if (inf_v)
+                        wrong += isfinite(x);
+                    else
+                        wrong += !isfinite(x);
+                }
+        CHECK_MSG(wrong == 0, "[%s] %d outputs break the NaN rule", sdpa_isa_name(isa), wrong);
+        sdpa_ctx_destroy(ctx);
+    }
+    tu_free(&q);
+    tu_free(&k);
+    tu_free(&v);
+    tu_free(&o);
+}
+
+/* Bitwise identical output and LSE for n_threads 1, 2, 3, 4, 7, 16, at every level. */
+static void test_thread_determinism(void) {
+    tu_rng r = {3};
+    tu_tensor q = tu_alloc(SDPA_F32, 2, 6, 200, 48, TU_BHLD, 0, 0);
+    tu_tensor k = tu_alloc(SDPA_F32, 2, 2, 333, 48, TU_BHLD, 0, 0);
+    tu_tensor v = tu_alloc(SDPA_F32, 2, 2, 333, 40, TU_BHLD, 0, 0);
+    tu_tensor o1 = tu_alloc(SDPA_F32, 2, 6, 200, 40, TU_BHLD, 0, 0);
+    tu_tensor o2 = tu_alloc(SDPA_F32, 2, 6, 200, 40, TU_BHLD, 0, 0);
+    tu_tensor l1 = tu_alloc(SDPA_F32, 2, 6, 200, 1, TU_BHLD, 0, 0);
+    tu_tensor l2 = tu_alloc(SDPA_F32, 2, 6, 200, 1, TU_BHLD, 0, 0);
+    tu_fill_randn(&q, &r, 1, 0);
+    tu_fill_randn(&k, &r, 1, 0);
+    tu_fill_randn(&v, &r, 1, 0);
+    sdpa_params p = {0};
+    p.causal = 1;
+    p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    static const int threads[] = {2, 3, 4, 7, 16};
+    const sdpa_isa cpu = cpu_isa();
+    for (sdpa_isa isa = SDPA_ISA_GENERIC; isa <= SDPA_ISA_AVX512 && isa <= cpu; isa++) {
+        sdpa_ctx *one = tu_ctx(1, isa);
+        CHECK_INT_EQ(sdpa_forward(one, &q.t, &k.t, &v.t, &p, &o1.t, &l1.t), SDPA_OK);
+        sdpa_ctx_destroy(one);
+        for (size_t n = 0; n < sizeof threads / sizeof threads[0]; n++) {
+            sdpa_ctx *ctx = tu_ctx(threads[n], isa);
+            memset(o2.buf, 0, o2.bytes);
+            CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o2.t, &l2.t), SDPA_OK);
+            CHECK_MSG(memcmp(o1.buf, o2.buf, o1.bytes) == 0 &&
+                          memcmp(l1.buf, l2.buf, l1.bytes) == 0,
+                      "[%s] n_threads=%d differs from 1 thread", sdpa_isa_name(isa), threads[n]);
+            sdpa_ctx_destroy(ctx);
+        }
+    }
+    tu_free(&q);
+    tu_free(&k);
+    tu_free(&v);
+    tu_free(&o1);
+    tu_free(&o2);
+    tu_free(&l1);
+    tu_free(&l2);
+}
+
+int main(int argc, char **argv) {
+    static const check_case cases[] = {
+        CASE(test_exp_accuracy),
+        CASE(test_tile_boundaries),
+        CASE(test_nan_inside_tiles),
+        CASE(test_thread_determinism),
+    };
+    return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
+}
