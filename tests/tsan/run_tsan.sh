@@ -16,7 +16,7 @@ fi
 build=$1
 src=${2:-"$(dirname "$0")/../.."}
 src=$(cd "$src" && pwd)
-tests=(test_pool test_properties)
+tests=(test_pool test_properties test_threads)
 
 fail() {
     echo "tsan: FAIL: $*" >&2
