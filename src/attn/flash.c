@@ -31,14 +31,16 @@ typedef struct flash_plan {
     const sdpa__problem *p;
     const sdpa__ukernels *uk;
     sdpa_tensor *out, *lse;
-    int64_t bq;        /* query positions per task */
-    int64_t n_qb;      /* query blocks per (b, hk) */
-    int64_t rp;        /* padded row capacity: group * bq rounded up to lanes */
-    int64_t dvp;       /* row stride of the output accumulator */
-    int k_direct;      /* K is f32 with unit feature stride: read in place */
-    int v_direct;      /* likewise V */
-    int needs_post;    /* softcap, ALiBi or a mask: every tile is post-processed */
-    size_t per_worker; /* floats of scratch per worker */
+    int64_t bq;           /* query positions per task */
+    int64_t n_qb;         /* query blocks per (b, hk) */
+    int64_t rp;           /* padded row capacity: group * bq rounded up to lanes */
+    int64_t dvp;          /* row stride of the output accumulator */
+    int k_direct;         /* K is f32 with unit feature stride: read in place */
+    int v_direct;         /* likewise V */
+    int needs_post;       /* softcap, ALiBi or a mask: every tile is post-processed */
+    int64_t n_kt;         /* key tiles per (b, hk) */
+    unsigned char *v_bad; /* per (b, hk, key tile): V holds NaN or Inf there */
+    size_t per_worker;    /* floats of scratch per worker */
     float *scratch;
 } flash_plan;
 
@@ -46,60 +48,81 @@ static int64_t round_up(int64_t x, int64_t m) {
     return (x + m - 1) / m * m;
 }
 
-static int is_nonfinite(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return (u & 0x7f800000u) == 0x7f800000u;
-}
-
-/* The keys of a tile as f32 rows: in place when possible, else widened into `pack`. Also
- * reports (when `nonfinite` is given) whether any value is NaN or Inf. */
+/* The keys of a tile as f32 rows: in place when possible, else widened into `pack`. */
 static const float *tile_rows(const sdpa_tensor *t, int direct, int64_t b, int64_t hk, int64_t j0,
-                              int64_t nk, int64_t d, float *pack, int64_t *ld, int *nonfinite) {
-    const float *rows;
+                              int64_t nk, int64_t d, float *pack, int64_t *ld) {
     if (direct) {
-        rows = (const float *)t->data + sdpa__offset(t, b, hk, j0, 0);
         *ld = t->stride[2];
-    } else {
-        for (int64_t j = 0; j < nk; j++)
-            for (int64_t c = 0; c < d; c++)
-                pack[j * d + c] = sdpa__load(t->data, t->dtype, sdpa__offset(t, b, hk, j0 + j, c));
-        rows = pack;
-        *ld = d;
+        return (const float *)t->data + sdpa__offset(t, b, hk, j0, 0);
     }
-    if (nonfinite != NULL) {
-        int bad = 0;
-        for (int64_t j = 0; j < nk; j++)
-            for (int64_t c = 0; c < d; c++)
-                bad |= is_nonfinite(rows[j * *ld + c]);
-        *nonfinite = bad;
-    }
-    return rows;
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t c = 0; c < d; c++)
+            pack[j * d + c] = sdpa__load(t->data, t->dtype, sdpa__offset(t, b, hk, j0 + j, c));
+    *ld = d;
+    return pack;
 }
 
-/* Applies window (when the tile is not wholly visible), softcap, ALiBi and mask to the
- * transposed scores s[jj * rp + r] of keys ja.. and rows r < rows. */
-static void post_process(const flash_plan *pl, int64_t b, int64_t hk, int64_t i0, int64_t nq,
+/* Pre-pass, one task per (b, hk): flags the key tiles whose V holds a NaN or an Inf, so that
+ * only those take the careful P V. One read of V per call instead of one per query block. */
+static void scan_v_task(void *arg, int64_t task, int worker) {
+    flash_plan *pl = arg;
+    const sdpa__problem *p = pl->p;
+    const int64_t b = task / p->Hkv, hk = task % p->Hkv;
+    (void)worker;
+    for (int64_t t = 0; t < pl->n_kt; t++) {
+        const int64_t j1 = (t + 1) * KEY_TILE < p->Lk ? (t + 1) * KEY_TILE : p->Lk;
+        uint32_t bad = 0;
+        for (int64_t j = t * KEY_TILE; j < j1; j++) {
+            if (pl->v_direct) {
+                const float *row = (const float *)p->v.data + sdpa__offset(&p->v, b, hk, j, 0);
+                for (int64_t c = 0; c < p->Dv; c++) {
+                    uint32_t u;
+                    memcpy(&u, &row[c], sizeof u);
+                    bad |= (u & 0x7f800000u) == 0x7f800000u;
+                }
+            } else {
+                for (int64_t c = 0; c < p->Dv; c++)
+                    bad |= !isfinite(
+                        sdpa__load(p->v.data, p->v.dtype, sdpa__offset(&p->v, b, hk, j, c)));
+            }
+        }
+        pl->v_bad[task * pl->n_kt + t] = (unsigned char)(bad != 0);
+    }
+}
+
+/* The rows of a task: query head and position of row r, and the keys it may see under the
+ * window rule, [lo[r], hi[r]] (wide open when a side is unbounded). */
+typedef struct task_rows {
+    int64_t *h, *i, *lo, *hi;
+} task_rows;
+
+/* Hides keys outside each row's window (on tiles the window cuts through), then applies
+ * softcap, ALiBi and the mask to the visible scores of keys ja.. (s[jj * rp + r]). */
+static void post_process(const flash_plan *pl, int64_t b, const task_rows *tr, int64_t rows,
                          int64_t ja, int64_t nk, int whole, float *s) {
     const sdpa__problem *p = pl->p;
-    const int64_t rows = p->group * nq;
+    if (!whole)
+        for (int64_t jj = 0; jj < nk; jj++) {
+            const int64_t j = ja + jj;
+            float *s_j = s + jj * pl->rp;
+            for (int64_t r = 0; r < rows; r++)
+                s_j[r] = j < tr->lo[r] || j > tr->hi[r] ? -INFINITY : s_j[r];
+        }
+    if (!pl->needs_post)
+        return;
     const float cap = (float)p->softcap;
     for (int64_t jj = 0; jj < nk; jj++) {
         const int64_t j = ja + jj;
         float *s_j = s + jj * pl->rp;
         for (int64_t r = 0; r < rows; r++) {
-            const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
-            const int64_t rel = j - (i + p->off);
-            if (!whole && ((p->window_left >= 0 && rel < -p->window_left) ||
-                           (p->window_right >= 0 && rel > p->window_right))) {
-                s_j[r] = -INFINITY;
-                continue;
-            }
+            if (j < tr->lo[r] || j > tr->hi[r])
+                continue; /* hidden by the window: stays -inf */
+            const int64_t h = tr->h[r], i = tr->i[r];
             float x = s_j[r];
             if (cap > 0.0f)
                 x = cap * tanhf(x / cap);
             if (p->alibi != NULL)
-                x -= p->alibi[h] * fabsf((float)rel);
+                x -= p->alibi[h] * fabsf((float)(j - (i + p->off)));
             if (p->has_mask) {
                 const float mv =
                     sdpa__load(p->mask.data, p->mask.dtype, sdpa__offset(&p->mask, b, h, i, j));
@@ -144,9 +167,15 @@ static void flash_task(void *arg, int64_t task, int worker) {
     float *o = s + KEY_TILE * rp;
     float *m = o + rp * pl->dvp, *l = m + rp, *alpha = l + rp;
     float *kpack = alpha + rp;
-    float *vpack = kpack + KEY_TILE * p->Dk;
+    float *vpack = kpack + round_up(KEY_TILE * p->Dk, 16);
+    task_rows tr;
+    tr.h = (int64_t *)(void *)(vpack + round_up(KEY_TILE * p->Dv, 16));
+    tr.i = tr.h + rp;
+    tr.lo = tr.i + rp;
+    tr.hi = tr.lo + rp;
 
-    /* the rows of the task, transposed */
+    /* the rows of the task: Q transposed, and each row's head, position and window */
+    const int64_t open = p->Lq + p->Lk; /* beyond any key index */
     for (int64_t r = 0; r < rpad; r++) {
         const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
         for (int64_t d = 0; d < p->Dk; d++)
@@ -155,6 +184,10 @@ static void flash_task(void *arg, int64_t task, int worker) {
                          : 0.0f;
         m[r] = -INFINITY;
         l[r] = 0.0f;
+        tr.h[r] = h;
+        tr.i[r] = i;
+        tr.lo[r] = p->window_left >= 0 ? i + p->off - p->window_left : -open;
+        tr.hi[r] = p->window_right >= 0 ? i + p->off + p->window_right : open;
     }
     memset(o, 0, (size_t)(rows * pl->dvp) * sizeof *o);
 
@@ -169,19 +202,18 @@ static void flash_task(void *arg, int64_t task, int worker) {
         const int64_t ja = j0 > jlo ? j0 : jlo, jb = j0 + KEY_TILE < jhi ? j0 + KEY_TILE : jhi;
         const int64_t nk = jb - ja;
         int64_t ldk, ldv;
-        const float *kt = tile_rows(&p->k, pl->k_direct, b, hk, ja, nk, p->Dk, kpack, &ldk, NULL);
+        const float *kt = tile_rows(&p->k, pl->k_direct, b, hk, ja, nk, p->Dk, kpack, &ldk);
         uk->qk(nk, rpad, p->Dk, kt, ldk, qt, rp, (float)p->scale, s, rp);
 
         const int64_t min_rel = ja - (i0 + nq - 1 + p->off), max_rel = jb - 1 - (i0 + p->off);
         const int whole = (p->window_right < 0 || max_rel <= p->window_right) &&
                           (p->window_left < 0 || min_rel >= -p->window_left);
         if (!whole || pl->needs_post)
-            post_process(pl, b, hk, i0, nq, ja, nk, whole, s);
+            post_process(pl, b, &tr, rows, ja, nk, whole, s);
         uk->softmax(nk, rpad, s, rp, m, l, alpha);
 
-        int v_bad;
-        const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, ja, nk, p->Dv, vpack, &ldv, &v_bad);
-        if (v_bad)
+        const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, ja, nk, p->Dv, vpack, &ldv);
+        if (pl->v_bad[(b * p->Hkv + hk) * pl->n_kt + j0 / KEY_TILE])
             careful_pv(nk, rows, p->Dv, s, rp, alpha, vt, ldv, o, pl->dvp);
         else
             uk->pv(nk, rows, p->Dv, s, rp, alpha, vt, ldv, o, pl->dvp);
@@ -221,13 +253,19 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
     /* qt, s, o, m, l, alpha, then the K and V packing tiles; each region keeps 64-byte
      * alignment because every size is a multiple of 16 floats */
-    pl.per_worker = (size_t)(p->Dk * pl.rp + KEY_TILE * pl.rp + pl.rp * pl.dvp + 3 * pl.rp +
-                             round_up(KEY_TILE * p->Dk, 16) + round_up(KEY_TILE * p->Dv, 16));
+    /* + the row table: four int64 arrays of rp (8 floats' worth per row) */
+    pl.per_worker =
+        (size_t)(p->Dk * pl.rp + KEY_TILE * pl.rp + pl.rp * pl.dvp + 3 * pl.rp +
+                 round_up(KEY_TILE * p->Dk, 16) + round_up(KEY_TILE * p->Dv, 16) + 8 * pl.rp);
+    pl.n_kt = (p->Lk + KEY_TILE - 1) / KEY_TILE;
     const int workers = sdpa__n_workers(ctx);
-    pl.scratch = sdpa__alloc(ctx, (size_t)workers * pl.per_worker * sizeof(float), 64);
+    const size_t flags = (size_t)(p->B * p->Hkv * pl.n_kt);
+    const size_t bytes = (size_t)workers * pl.per_worker * sizeof(float) + flags;
+    pl.scratch = sdpa__alloc(ctx, bytes, 64);
     if (pl.scratch == NULL)
-        return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash forward: no memory for %d x %zu bytes",
-                          workers, pl.per_worker * sizeof(float));
+        return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash forward: no memory for %zu bytes", bytes);
+    pl.v_bad = (unsigned char *)(pl.scratch + (size_t)workers * pl.per_worker);
+    sdpa__parallel_for(ctx, p->B * p->Hkv, scan_v_task, &pl);
     sdpa__parallel_for(ctx, p->B * p->Hkv * pl.n_qb, flash_task, &pl);
     sdpa__free(ctx, pl.scratch);
     return SDPA_OK;
