@@ -35,8 +35,10 @@ typedef struct flash_plan {
     int64_t n_qb;         /* query blocks per (b, hk) */
     int64_t rp;           /* padded row capacity: group * bq rounded up to lanes */
     int64_t dvp;          /* row stride of the output accumulator */
+    int q_direct;         /* Q is f32 with unit feature stride: copied without conversion */
     int k_direct;         /* K is f32 with unit feature stride: read in place */
     int v_direct;         /* likewise V */
+    int out_direct;       /* out is f32 with unit feature stride: written without conversion */
     int needs_post;       /* softcap, ALiBi or a mask: every tile is post-processed */
     int64_t n_kt;         /* key tiles per (b, hk) */
     unsigned char *v_bad; /* per (b, hk, key tile): V holds NaN or Inf there */
@@ -178,10 +180,17 @@ static void flash_task(void *arg, int64_t task, int worker) {
     const int64_t open = p->Lq + p->Lk; /* beyond any key index */
     for (int64_t r = 0; r < rpad; r++) {
         const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
-        for (int64_t d = 0; d < p->Dk; d++)
-            qt[d * rp + r] =
-                r < rows ? sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, h, i, d))
-                         : 0.0f;
+        if (r >= rows) {
+            for (int64_t d = 0; d < p->Dk; d++)
+                qt[d * rp + r] = 0.0f;
+        } else if (pl->q_direct) {
+            const float *src = (const float *)p->q.data + sdpa__offset(&p->q, b, h, i, 0);
+            for (int64_t d = 0; d < p->Dk; d++)
+                qt[d * rp + r] = src[d];
+        } else {
+            for (int64_t d = 0; d < p->Dk; d++)
+                qt[d * rp + r] = sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, h, i, d));
+        }
         m[r] = -INFINITY;
         l[r] = 0.0f;
         tr.h[r] = h;
@@ -225,9 +234,15 @@ static void flash_task(void *arg, int64_t task, int worker) {
         const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         const float *o_r = o + r * pl->dvp;
-        for (int64_t d = 0; d < p->Dv; d++)
-            sdpa__store(pl->out->data, pl->out->dtype, sdpa__offset(pl->out, b, h, i, d),
-                        (double)(o_r[d] * inv));
+        if (pl->out_direct) {
+            float *dst = (float *)pl->out->data + sdpa__offset(pl->out, b, h, i, 0);
+            for (int64_t d = 0; d < p->Dv; d++)
+                dst[d] = o_r[d] * inv;
+        } else {
+            for (int64_t d = 0; d < p->Dv; d++)
+                sdpa__store(pl->out->data, pl->out->dtype, sdpa__offset(pl->out, b, h, i, d),
+                            (double)(o_r[d] * inv));
+        }
         if (pl->lse != NULL)
             ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] =
                 l[r] == 0.0f ? -INFINITY : (float)((double)m[r] + log((double)l[r]));
@@ -248,7 +263,9 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.n_qb = (p->Lq + pl.bq - 1) / pl.bq;
     pl.rp = round_up(p->group * pl.bq, 16); /* a multiple of every ISA's lanes */
     pl.dvp = round_up(p->Dv, 16);
+    pl.q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
     pl.k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
+    pl.out_direct = out->dtype == SDPA_F32 && (out->stride[3] == 1 || p->Dv == 1);
     pl.v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
     pl.needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
     /* qt, s, o, m, l, alpha, then the K and V packing tiles; each region keeps 64-byte

@@ -59,14 +59,56 @@ INLINE void qk_block(int mr, int nv, int64_t dk, const float *k, int64_t ldk, co
             _mm512_storeu_ps(s + a * lds + 16 * v, _mm512_mul_ps(sc, acc[a][v]));
 }
 
-/* All keys against nv vectors of rows, mr keys at a time, then the key tail. */
+/* n < 12 keys in one block: a key at a time would leave the FMA units waiting on latency.
+ * Each case is qk_block with a constant key count, so its accumulators stay in registers. */
+INLINE void qk_tail(int64_t n, int nv, int64_t dk, const float *k, int64_t ldk, const float *qt,
+                    int64_t ldq, float scale, float *s, int64_t lds) {
+    switch (n) {
+    case 1:
+        qk_block(1, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 2:
+        qk_block(2, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 3:
+        qk_block(3, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 4:
+        qk_block(4, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 5:
+        qk_block(5, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 6:
+        qk_block(6, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 7:
+        qk_block(7, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 8:
+        qk_block(8, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 9:
+        qk_block(9, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 10:
+        qk_block(10, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 11:
+        qk_block(11, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    default:
+        break;
+    }
+}
+
+/* All keys against nv vectors of rows, mr keys at a time, then the tail in one block. */
 INLINE void qk_rows(int mr, int nv, int64_t nk, int64_t dk, const float *k, int64_t ldk,
                     const float *qt, int64_t ldq, float scale, float *s, int64_t lds) {
     int64_t j = 0;
     for (; j + mr <= nk; j += mr)
         qk_block(mr, nv, dk, k + j * ldk, ldk, qt, ldq, scale, s + j * lds, lds);
-    for (; j < nk; j++)
-        qk_block(1, nv, dk, k + j * ldk, ldk, qt, ldq, scale, s + j * lds, lds);
+    qk_tail(nk - j, nv, dk, k + j * ldk, ldk, qt, ldq, scale, s + j * lds, lds);
 }
 
 static void qk_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
@@ -141,14 +183,37 @@ INLINE void pv_block(int mr, int nv, __mmask16 last, int64_t nk, const float *p,
             _mm512_mask_storeu_ps(o + a * ldo + 16 * c, c == nv - 1 ? last : 0xffff, acc[a][c]);
 }
 
-/* All rows for nv vectors of columns: 6 rows at a time, then the row tail. */
+/* n < 6 rows in one block (see qk_tail). */
+INLINE void pv_tail(int64_t n, int nv, __mmask16 last, int64_t nk, const float *p, int64_t ldp,
+                    const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    switch (n) {
+    case 1:
+        pv_block(1, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    case 2:
+        pv_block(2, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    case 3:
+        pv_block(3, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    case 4:
+        pv_block(4, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    case 5:
+        pv_block(5, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    default:
+        break;
+    }
+}
+
+/* All rows for nv vectors of columns: 6 rows at a time, then the row tail in one block. */
 INLINE void pv_cols(int nv, __mmask16 last, int64_t nk, int64_t nr, const float *p, int64_t ldp,
                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     int64_t r = 0;
     for (; r + 6 <= nr; r += 6)
         pv_block(6, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
-    for (; r < nr; r++)
-        pv_block(1, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+    pv_tail(nr - r, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
 }
 
 static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
