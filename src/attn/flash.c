@@ -96,20 +96,38 @@ static void scan_v_task(void *arg, int64_t task, int worker) {
  * window rule, [lo[r], hi[r]] (wide open when a side is unbounded). */
 typedef struct task_rows {
     int64_t *h, *i, *lo, *hi;
+    const float **q_row; /* the f32 query row, when Q is read in place */
 } task_rows;
 
 /* Hides keys outside each row's window (on tiles the window cuts through), then applies
  * softcap, ALiBi and the mask to the visible scores of keys ja.. (s[jj * rp + r]). */
-static void post_process(const flash_plan *pl, int64_t b, const task_rows *tr, int64_t rows,
-                         int64_t ja, int64_t nk, int whole, float *s) {
+static void post_process(const flash_plan *pl, int64_t b, const task_rows *tr, int64_t i0,
+                         int64_t nq, int64_t ja, int64_t nk, int whole, float *s) {
     const sdpa__problem *p = pl->p;
-    if (!whole)
+    const int64_t rows = p->group * nq;
+    if (!whole) {
+        /* Within each head's segment of rows, positions increase, so the rows a key is hidden
+         * from are a prefix (right bound: i + off + wr < j) and a suffix (left bound:
+         * i + off - wl > j) of the segment: two fills per key and head, no per-score test. */
         for (int64_t jj = 0; jj < nk; jj++) {
             const int64_t j = ja + jj;
+            int64_t a = 0, z = nq;
+            if (p->window_right >= 0)
+                a = j - p->off - p->window_right - i0;
+            if (p->window_left >= 0)
+                z = j - p->off + p->window_left - i0 + 1;
+            a = a < 0 ? 0 : a > nq ? nq : a;
+            z = z < a ? a : z > nq ? nq : z;
             float *s_j = s + jj * pl->rp;
-            for (int64_t r = 0; r < rows; r++)
-                s_j[r] = j < tr->lo[r] || j > tr->hi[r] ? -INFINITY : s_j[r];
+            for (int64_t g = 0; g < p->group; g++) {
+                float *seg = s_j + g * nq;
+                for (int64_t ii = 0; ii < a; ii++)
+                    seg[ii] = -INFINITY;
+                for (int64_t ii = z; ii < nq; ii++)
+                    seg[ii] = -INFINITY;
+            }
         }
+    }
     if (!pl->needs_post)
         return;
     const float cap = (float)p->softcap;
@@ -159,8 +177,14 @@ static void flash_task(void *arg, int64_t task, int worker) {
     const flash_plan *pl = arg;
     const sdpa__problem *p = pl->p;
     const sdpa__ukernels *uk = pl->uk;
-    const int64_t per_b = p->Hkv * pl->n_qb;
-    const int64_t b = task / per_b, hk = task % per_b / pl->n_qb, qb = task % pl->n_qb;
+    /* When a right window bound (causal) makes later query blocks see more keys, each head's
+     * blocks are taken last first: the pool hands out tasks in increasing order, so within a
+     * head the large tasks start early and the small ones fill the gaps, while neighbouring
+     * tasks still share their K/V tiles in cache. The mapping depends on the problem only,
+     * never on the threads. */
+    const int64_t bh = task / pl->n_qb, rank = task % pl->n_qb;
+    const int64_t b = bh / p->Hkv, hk = bh % p->Hkv;
+    const int64_t qb = p->window_right >= 0 ? pl->n_qb - 1 - rank : rank;
     const int64_t i0 = qb * pl->bq, nq = i0 + pl->bq <= p->Lq ? pl->bq : p->Lq - i0;
     const int64_t rows = p->group * nq, rpad = round_up(rows, uk->lanes), rp = pl->rp;
 
@@ -175,22 +199,12 @@ static void flash_task(void *arg, int64_t task, int worker) {
     tr.i = tr.h + rp;
     tr.lo = tr.i + rp;
     tr.hi = tr.lo + rp;
+    tr.q_row = (const float **)(void *)(tr.hi + rp);
 
     /* the rows of the task: Q transposed, and each row's head, position and window */
     const int64_t open = p->Lq + p->Lk; /* beyond any key index */
     for (int64_t r = 0; r < rpad; r++) {
         const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
-        if (r >= rows) {
-            for (int64_t d = 0; d < p->Dk; d++)
-                qt[d * rp + r] = 0.0f;
-        } else if (pl->q_direct) {
-            const float *src = (const float *)p->q.data + sdpa__offset(&p->q, b, h, i, 0);
-            for (int64_t d = 0; d < p->Dk; d++)
-                qt[d * rp + r] = src[d];
-        } else {
-            for (int64_t d = 0; d < p->Dk; d++)
-                qt[d * rp + r] = sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, h, i, d));
-        }
         m[r] = -INFINITY;
         l[r] = 0.0f;
         tr.h[r] = h;
@@ -198,6 +212,24 @@ static void flash_task(void *arg, int64_t task, int worker) {
         tr.lo[r] = p->window_left >= 0 ? i + p->off - p->window_left : -open;
         tr.hi[r] = p->window_right >= 0 ? i + p->off + p->window_right : open;
     }
+    if (pl->q_direct) {
+        /* d outer: the stores run along a row of qt; the reads stay within rows x Dk floats */
+        for (int64_t r = 0; r < rows; r++)
+            tr.q_row[r] = (const float *)p->q.data + sdpa__offset(&p->q, b, tr.h[r], tr.i[r], 0);
+        for (int64_t d = 0; d < p->Dk; d++) {
+            float *qt_d = qt + d * rp;
+            for (int64_t r = 0; r < rows; r++)
+                qt_d[r] = tr.q_row[r][d];
+        }
+    } else {
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t d = 0; d < p->Dk; d++)
+                qt[d * rp + r] =
+                    sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, tr.h[r], tr.i[r], d));
+    }
+    for (int64_t d = 0; d < p->Dk; d++)
+        for (int64_t r = rows; r < rpad; r++)
+            qt[d * rp + r] = 0.0f;
     memset(o, 0, (size_t)(rows * pl->dvp) * sizeof *o);
 
     /* the keys any row of the task may see */
@@ -218,7 +250,7 @@ static void flash_task(void *arg, int64_t task, int worker) {
         const int whole = (p->window_right < 0 || max_rel <= p->window_right) &&
                           (p->window_left < 0 || min_rel >= -p->window_left);
         if (!whole || pl->needs_post)
-            post_process(pl, b, &tr, rows, ja, nk, whole, s);
+            post_process(pl, b, &tr, i0, nq, ja, nk, whole, s);
         uk->softmax(nk, rpad, s, rp, m, l, alpha);
 
         const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, ja, nk, p->Dv, vpack, &ldv);
@@ -270,10 +302,10 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
     /* qt, s, o, m, l, alpha, then the K and V packing tiles; each region keeps 64-byte
      * alignment because every size is a multiple of 16 floats */
-    /* + the row table: four int64 arrays of rp (8 floats' worth per row) */
+    /* + the row table: four int64 arrays and a pointer array of rp (10 floats per row) */
     pl.per_worker =
         (size_t)(p->Dk * pl.rp + KEY_TILE * pl.rp + pl.rp * pl.dvp + 3 * pl.rp +
-                 round_up(KEY_TILE * p->Dk, 16) + round_up(KEY_TILE * p->Dv, 16) + 8 * pl.rp);
+                 round_up(KEY_TILE * p->Dk, 16) + round_up(KEY_TILE * p->Dv, 16) + 10 * pl.rp);
     pl.n_kt = (p->Lk + KEY_TILE - 1) / KEY_TILE;
     const int workers = sdpa__n_workers(ctx);
     const size_t flags = (size_t)(p->B * p->Hkv * pl.n_kt);
