@@ -2,6 +2,8 @@
 #   make          release build of the library and the sdpa command
 #   make test     build everything, run all tests (release, then the sanitizer build)
 #   make demo     the worked example, step by step
+#   make bench    time the forward at the quick shapes (PRESET=full for the target shapes;
+#                 BENCH_ARGS="--threads 2 --json out.json" passes options to sdpa bench)
 #   make install  PREFIX=/usr/local (DESTDIR honoured)
 #   make format   apply .clang-format to the sources
 
@@ -11,8 +13,10 @@ PREFIX     ?= /usr/local
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?= --output-on-failure
+PRESET     ?= quick
+BENCH_ARGS ?=
 
-.PHONY: all build test test-release test-asan demo install format clean
+.PHONY: all build test test-release test-asan demo bench install format clean
 
 all: build
 
@@ -33,6 +37,9 @@ test-asan:
 
 demo: build
 	./$(BUILD)/cli/sdpa demo
+
+bench: build
+	./$(BUILD)/cli/sdpa bench --preset $(PRESET) $(BENCH_ARGS)
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)

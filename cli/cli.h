@@ -9,5 +9,6 @@ enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
 
 int cli_demo(int argc, char **argv);
 int cli_info(int argc, char **argv);
+int cli_bench(int argc, char **argv); /* bench/bench.c */
 
 #endif

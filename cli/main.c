@@ -16,6 +16,7 @@ static const char usage[] =
     "commands:\n"
     "  demo      the 4-token worked example, step by step, through the library\n"
     "  info      the CPU features detected and the kernels chosen\n"
+    "  bench     time sdpa_forward against this machine's measured FMA peak\n"
     "  version   print the library version\n"
     "  help      this text\n"
     "\n"
@@ -32,6 +33,8 @@ int main(int argc, char **argv) {
         return cli_demo(argc - 2, argv + 2);
     if (strcmp(cmd, "info") == 0)
         return cli_info(argc - 2, argv + 2);
+    if (strcmp(cmd, "bench") == 0)
+        return cli_bench(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("sdpa %s\n", sdpa_version());
         return CLI_OK;

@@ -11,3 +11,7 @@ set_tests_properties(format_check PROPERTIES LABELS no-sanitizer)
 if(TARGET test_golden)
   target_compile_definitions(test_golden PRIVATE SDPA_GOLDEN_DIR="${CMAKE_CURRENT_SOURCE_DIR}/golden")
 endif()
+# `sdpa bench` runs a tiny shape and writes JSON that parses (tests/test_bench.sh; no timings).
+if(SDPA_BUILD_CLI)
+  add_test(NAME test_bench COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_bench.sh $<TARGET_FILE:sdpa>)
+endif()

@@ -1,0 +1,116 @@
+/*
+ * bench.h — the parts of `sdpa bench` shared between its files: the machine probe that
+ * measures this CPU's FP32 FMA peak and its read bandwidth (peak.c) with the ISA variants of
+ * its inner loops (peak_avx2.c, peak_avx512.c: compiled with their own flags and only called
+ * after a run-time check that the CPU and the OS support them), and the shapes and results
+ * that bench.c measures and report.c prints.
+ */
+#ifndef SDPA_BENCH_H
+#define SDPA_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---------------------------------------------------------------------------------------- */
+/* The machine probe (peak.c)                                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Which inner loop the probe uses. AUTO picks the widest one this CPU runs. */
+typedef enum bench_isa {
+    BENCH_ISA_AUTO = 0,
+    BENCH_ISA_GENERIC = 1, /* plain C: a floor, not a peak */
+    BENCH_ISA_AVX2 = 2,    /* 256-bit FMA */
+    BENCH_ISA_AVX512 = 3   /* 512-bit FMA */
+} bench_isa;
+
+/* What one probe measured, with all threads running at once. */
+typedef struct bench_peak {
+    bench_isa isa;   /* the variant that ran (never AUTO) */
+    int n_threads;   /* threads that ran the loops at the same time */
+    double gflops;   /* best FP32 FMA rate over the trials, 2 FLOP per lane per FMA */
+    double read_gbs; /* best rate of reading a buffer far larger than the caches, 1e9 B/s */
+} bench_peak;
+
+/* @return "generic", "avx2", "avx512" or "auto". */
+const char *bench_isa_name(bench_isa isa);
+
+/* @return the widest variant that this build has and this CPU and OS support, not above cap
+ *         (AUTO = no cap). */
+bench_isa bench_isa_best(bench_isa cap);
+
+/* Measures the FMA peak and read bandwidth with n_threads threads (>= 1) running the loops
+ * of `isa` at once (AUTO = the best). Takes about a second.
+ * @return 0, or -1 if a thread or the buffer could not be created (message in err, of size
+ *         errcap). */
+int bench_peak_measure(int n_threads, bench_isa isa, bench_peak *out, char *err, size_t errcap);
+
+/* The inner loops. Each fma loop runs `iters` iterations of independent FMA chains and
+ * returns a value that depends on all of them (so the compiler cannot drop the work);
+ * *flops_per_iter is what one iteration counts. Each read loop sums n floats from p (n a
+ * multiple of 64, p aligned to 64 bytes). */
+float bench_fma_generic(int64_t iters, int64_t *flops_per_iter);
+float bench_read_generic(const float *p, size_t n);
+float bench_fma_avx2(int64_t iters, int64_t *flops_per_iter);
+float bench_read_avx2(const float *p, size_t n);
+float bench_fma_avx512(int64_t iters, int64_t *flops_per_iter);
+float bench_read_avx512(const float *p, size_t n);
+
+/* ---------------------------------------------------------------------------------------- */
+/* What is timed and what was measured (bench.c fills them, report.c prints them)            */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef enum bench_mask {
+    BENCH_MASK_NONE = 0,
+    BENCH_MASK_CAUSAL_TL = 1, /* causal, top-left aligned (PyTorch's is_causal) */
+    BENCH_MASK_CAUSAL_BR = 2  /* causal, bottom-right aligned (FlashAttention >= 2.1) */
+} bench_mask;
+
+/* One shape: Q (b, hq, lq, d), K and V (b, hkv, lk, d), f32, contiguous (B, H, L, D). */
+typedef struct bench_shape {
+    int64_t b, hq, hkv, lq, lk, d;
+    bench_mask mask;
+} bench_shape;
+
+typedef struct bench_result {
+    bench_shape s;
+    int64_t visible;        /* visible (query, key) pairs per (batch, head) */
+    double flops, kv_bytes; /* per call: 4*B*Hq*D*visible; the bytes of K and V */
+    int reps, warmup;
+    double t_med, t_min, t_max; /* seconds */
+    size_t extra_bytes;         /* peak held by the library during the calls, beyond ctx */
+    size_t ctx_bytes;           /* held by the fresh context before the calls */
+    double allocs_per_call;
+} bench_result;
+
+/* The whole run, as reported. */
+typedef struct bench_run {
+    const char *preset; /* NULL when the shapes came from --shape */
+    int n_threads;
+    const char *isa;
+    char describe[2048]; /* sdpa_ctx_describe(): the dispatch and the kernels available */
+    char cpu[128];
+    char date[32];
+    int reps_max, warmup;
+    double min_time;
+    bench_peak peak_start, peak_end;
+    double peak_gflops, peak_gbs; /* the higher of start and end: the ratios' denominators */
+} bench_run;
+
+/* @return "none", "causal" or "causal-br" (the names --shape accepts). */
+const char *bench_mask_name(bench_mask m);
+
+/* Writes the shape in --shape syntax ("1,32/8,1,4096,128"), so that a JSON consumer can hand
+ * it back to --shape. */
+void bench_shape_spec(const bench_shape *s, char *buf, size_t cap);
+
+/* Copies the "model name" of /proc/cpuinfo into buf, or "unknown". */
+void bench_cpu_model(char *buf, size_t cap);
+
+/* Prints the human-readable table. */
+void bench_print_table(FILE *f, const bench_run *run, const bench_result *rs, int n);
+
+/* Writes every figure as one JSON object. The caller checks ferror(f). */
+void bench_write_json(FILE *f, const bench_run *run, const bench_result *rs, int n);
+
+#endif

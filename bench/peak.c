@@ -1,0 +1,265 @@
+/*
+ * peak.c — the machine probe of `sdpa bench`: this CPU's FP32 FMA peak and its read
+ * bandwidth, measured with every thread running at once, so that the attention figures can be
+ * read as a fraction of what this machine, under today's load, can do at all.
+ *
+ * The inner loops live in peak_avx512.c and peak_avx2.c (compiled with their own ISA flags)
+ * and here (plain C, always built). The variant is chosen at run time with
+ * __builtin_cpu_supports, which also checks that the OS saves the wider registers. The
+ * result of a probe is the best of several trials: on a shared machine another process can
+ * only make a trial slower, never faster, so the best trial is the closest to the peak.
+ */
+#include "bench.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { TRIALS = 10 };
+static const double FMA_TRIAL_S = 0.05;      /* seconds one FMA trial aims for */
+static const double READ_TRIAL_S = 0.03;     /* seconds one read trial aims for */
+static const size_t READ_BYTES = 256u << 20; /* 8x a large L3: the reads come from DRAM */
+
+const char *bench_isa_name(bench_isa isa) {
+    switch (isa) {
+    case BENCH_ISA_AUTO:
+        return "auto";
+    case BENCH_ISA_GENERIC:
+        return "generic";
+    case BENCH_ISA_AVX2:
+        return "avx2";
+    case BENCH_ISA_AVX512:
+        return "avx512";
+    }
+    return "unknown";
+}
+
+bench_isa bench_isa_best(bench_isa cap) {
+#if defined(SDPA_BENCH_X86) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if ((cap == BENCH_ISA_AUTO || cap >= BENCH_ISA_AVX512) && __builtin_cpu_supports("avx512f"))
+        return BENCH_ISA_AVX512;
+    if ((cap == BENCH_ISA_AUTO || cap >= BENCH_ISA_AVX2) && __builtin_cpu_supports("avx2") &&
+        __builtin_cpu_supports("fma"))
+        return BENCH_ISA_AVX2;
+#else
+    (void)cap;
+#endif
+    return BENCH_ISA_GENERIC;
+}
+
+/* The portable FMA loop: 8 chains of multiply-then-add (ISO C does not contract them into
+ * FMAs), counted as 2 FLOP each. A floor for machines without a vector variant. */
+float bench_fma_generic(int64_t iters, int64_t *flops_per_iter) {
+    const float m = 1.0f - 0x1p-20f, c = 0x1p-20f;
+    float a0 = 0.10f, a1 = 0.20f, a2 = 0.30f, a3 = 0.40f;
+    float a4 = 0.50f, a5 = 0.60f, a6 = 0.70f, a7 = 0.80f;
+    for (int64_t i = 0; i < iters; i++) {
+        a0 = a0 * m + c;
+        a1 = a1 * m + c;
+        a2 = a2 * m + c;
+        a3 = a3 * m + c;
+        a4 = a4 * m + c;
+        a5 = a5 * m + c;
+        a6 = a6 * m + c;
+        a7 = a7 * m + c;
+    }
+    *flops_per_iter = 8 * 2;
+    return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+}
+
+float bench_read_generic(const float *p, size_t n) {
+    float s[8] = {0};
+    for (size_t i = 0; i < n; i += 8)
+        for (int j = 0; j < 8; j++)
+            s[j] += p[i + (size_t)j];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A start gate: the workers wait until every one of them exists, then start together. If a
+ * thread cannot be created, the ones already waiting are told to leave instead. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int state; /* 0 wait, 1 go, 2 abort */
+} gate;
+
+typedef struct worker {
+    gate *g;
+    bench_isa isa;
+    int read;      /* 0: the FMA loop; 1: the read loop */
+    int64_t count; /* FMA iterations, or passes over the slice */
+    const float *p;
+    size_t n;
+    double t0, t1;
+    int64_t flops_per_iter;
+    float result;
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    pthread_mutex_lock(&w->g->mu);
+    while (w->g->state == 0)
+        pthread_cond_wait(&w->g->cv, &w->g->mu);
+    const int go = w->g->state == 1;
+    pthread_mutex_unlock(&w->g->mu);
+    if (!go)
+        return NULL;
+    w->t0 = now_s();
+    float r = 0.0f;
+    if (!w->read) {
+        if (w->isa == BENCH_ISA_AVX512)
+            r = bench_fma_avx512(w->count, &w->flops_per_iter);
+        else if (w->isa == BENCH_ISA_AVX2)
+            r = bench_fma_avx2(w->count, &w->flops_per_iter);
+        else
+            r = bench_fma_generic(w->count, &w->flops_per_iter);
+    } else {
+        for (int64_t pass = 0; pass < w->count; pass++) {
+            if (w->isa == BENCH_ISA_AVX512)
+                r += bench_read_avx512(w->p, w->n);
+            else if (w->isa == BENCH_ISA_AVX2)
+                r += bench_read_avx2(w->p, w->n);
+            else
+                r += bench_read_generic(w->p, w->n);
+        }
+    }
+    w->t1 = now_s();
+    w->result = r;
+    return NULL;
+}
+
+/* Runs one trial on all workers at once. @return the wall time from the first start to the
+ * last finish, or -1 if a thread could not be created. */
+static double run_trial(worker *ws, int n, char *err, size_t errcap) {
+    gate g;
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    g.state = 0;
+    pthread_t *tids = malloc((size_t)n * sizeof *tids);
+    int created = 0, rc = 0;
+    if (tids == NULL)
+        rc = ENOMEM;
+    for (; rc == 0 && created < n; created++) {
+        ws[created].g = &g;
+        rc = pthread_create(&tids[created], NULL, worker_main, &ws[created]);
+        if (rc != 0)
+            break;
+    }
+    pthread_mutex_lock(&g.mu);
+    g.state = rc == 0 ? 1 : 2;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    for (int i = 0; i < created; i++)
+        pthread_join(tids[i], NULL);
+    free(tids);
+    pthread_cond_destroy(&g.cv);
+    pthread_mutex_destroy(&g.mu);
+    if (rc != 0) {
+        snprintf(err, errcap, "cannot start %d probe threads: %s", n, strerror(rc));
+        return -1.0;
+    }
+    double t0 = ws[0].t0, t1 = ws[0].t1;
+    for (int i = 1; i < n; i++) {
+        if (ws[i].t0 < t0)
+            t0 = ws[i].t0;
+        if (ws[i].t1 > t1)
+            t1 = ws[i].t1;
+    }
+    return t1 - t0;
+}
+
+/* Doubles the work until a trial takes a measurable time, scales it to `target` seconds,
+ * then keeps the fastest of TRIALS trials. @return work units per second summed over the
+ * threads (units: FLOP, or bytes), or -1 on error. */
+static double best_rate(worker *ws, int n, double unit_per_count, double target, char *err,
+                        size_t errcap) {
+    int64_t count = ws[0].count;
+    double t = 0.0;
+    for (;;) {
+        for (int i = 0; i < n; i++)
+            ws[i].count = count;
+        t = run_trial(ws, n, err, errcap);
+        if (t < 0.0)
+            return -1.0;
+        if (t >= 0.2 * target || count > ((int64_t)1 << 50))
+            break;
+        count *= 2;
+    }
+    if (t > 0.0 && t < target) {
+        const double scaled = (double)count * target / t;
+        count = scaled < 1.0 ? 1 : (int64_t)scaled;
+    }
+    double best = 0.0;
+    for (int trial = 0; trial < TRIALS; trial++) {
+        for (int i = 0; i < n; i++)
+            ws[i].count = count;
+        t = run_trial(ws, n, err, errcap);
+        if (t < 0.0)
+            return -1.0;
+        /* flops_per_iter is only known after a loop has run; it is the same for all. */
+        const double unit = unit_per_count > 0.0 ? unit_per_count : (double)ws[0].flops_per_iter;
+        const double rate = unit * (double)count * n / t;
+        if (rate > best)
+            best = rate;
+    }
+    return best;
+}
+
+int bench_peak_measure(int n_threads, bench_isa isa, bench_peak *out, char *err, size_t errcap) {
+    const int n = n_threads < 1 ? 1 : n_threads;
+    out->isa = bench_isa_best(isa);
+    out->n_threads = n;
+    out->gflops = 0.0;
+    out->read_gbs = 0.0;
+    worker *ws = calloc((size_t)n, sizeof *ws);
+    if (ws == NULL) {
+        snprintf(err, errcap, "out of memory");
+        return -1;
+    }
+
+    /* 1. FMA: every thread runs the same number of iterations of independent chains. */
+    for (int i = 0; i < n; i++) {
+        ws[i].isa = out->isa;
+        ws[i].count = (int64_t)1 << 12;
+    }
+    const double flops = best_rate(ws, n, 0.0, FMA_TRIAL_S, err, errcap);
+    if (flops < 0.0) {
+        free(ws);
+        return -1;
+    }
+    out->gflops = flops * 1e-9;
+
+    /* 2. Read bandwidth: each thread sums its own slice of one buffer. The buffer is written
+     * first so that every page is mapped before the clock starts. */
+    const size_t per = (READ_BYTES / sizeof(float) / (size_t)n) / 64 * 64;
+    float *buf = NULL;
+    if (per == 0 || posix_memalign((void **)&buf, 64, per * (size_t)n * sizeof(float)) != 0) {
+        snprintf(err, errcap, "cannot allocate the %zu MiB read buffer", READ_BYTES >> 20);
+        free(ws);
+        return -1;
+    }
+    memset(buf, 0, per * (size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        ws[i].read = 1;
+        ws[i].p = buf + (size_t)i * per;
+        ws[i].n = per;
+        ws[i].count = 1;
+    }
+    const double bytes = best_rate(ws, n, (double)(per * sizeof(float)), READ_TRIAL_S, err, errcap);
+    free(buf);
+    free(ws);
+    if (bytes < 0.0)
+        return -1;
+    out->read_gbs = bytes * 1e-9;
+    return 0;
+}

@@ -1,0 +1,195 @@
+/*
+ * report.c — what `sdpa bench` prints: the human-readable table and the JSON record of a run
+ * (every shape, every figure, the peaks measured at the start and at the end, the thread
+ * count, the CPU model, the library's version and dispatch, the date).
+ */
+#include "bench.h"
+
+#include "sdpa.h"
+
+#include <math.h>
+#include <string.h>
+
+const char *bench_mask_name(bench_mask m) {
+    return m == BENCH_MASK_CAUSAL_TL ? "causal" : m == BENCH_MASK_CAUSAL_BR ? "causal-br" : "none";
+}
+
+/* Writes the shape in --shape syntax, so a JSON consumer can hand it back to --shape. */
+void bench_shape_spec(const bench_shape *s, char *buf, size_t cap) {
+    char h[48];
+    if (s->hkv == s->hq)
+        snprintf(h, sizeof h, "%lld", (long long)s->hq);
+    else
+        snprintf(h, sizeof h, "%lld/%lld", (long long)s->hq, (long long)s->hkv);
+    snprintf(buf, cap, "%lld,%s,%lld,%lld,%lld%s%s", (long long)s->b, h, (long long)s->lq,
+             (long long)s->lk, (long long)s->d, s->mask == BENCH_MASK_NONE ? "" : ",",
+             s->mask == BENCH_MASK_NONE ? "" : bench_mask_name(s->mask));
+}
+
+void bench_cpu_model(char *buf, size_t cap) {
+    snprintf(buf, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f == NULL)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "model name", 10) != 0)
+            continue;
+        const char *colon = strchr(line, ':');
+        if (colon == NULL)
+            continue;
+        colon += strspn(colon + 1, " \t") + 1;
+        snprintf(buf, cap, "%.*s", (int)strcspn(colon, "\n"), colon);
+        break;
+    }
+    fclose(f);
+}
+
+static double ratio(double x, double of) {
+    return of > 0.0 ? x / of : NAN;
+}
+
+void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int n) {
+    fprintf(f, "sdpa bench: sdpa %s, isa %s, %d thread%s, %s, %s\n", sdpa_version(), ri->isa,
+            ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->cpu, ri->date);
+    fprintf(f,
+            "FP32 FMA peak (%s loop, %d thread%s): %.1f GFLOP/s at the start, %.1f at the end; "
+            "read bandwidth %.1f / %.1f GB/s\n\n",
+            bench_isa_name(ri->peak_start.isa), ri->peak_start.n_threads,
+            ri->peak_start.n_threads == 1 ? "" : "s", ri->peak_start.gflops, ri->peak_end.gflops,
+            ri->peak_start.read_gbs, ri->peak_end.read_gbs);
+    fprintf(f, "%3s %6s %6s %6s %5s %-9s %5s %10s %10s %10s %9s %6s %8s %5s %9s\n", "B", "H", "Lq",
+            "Lk", "D", "mask", "reps", "median ms", "min ms", "max ms", "GFLOP/s", "%peak", "GB/s",
+            "%bw", "extra MB");
+    for (int i = 0; i < n; i++) {
+        const bench_result *r = &rs[i];
+        char h[48];
+        if (r->s.hkv == r->s.hq)
+            snprintf(h, sizeof h, "%lld", (long long)r->s.hq);
+        else
+            snprintf(h, sizeof h, "%lld/%lld", (long long)r->s.hq, (long long)r->s.hkv);
+        const double gflops = r->flops / r->t_med * 1e-9, gbs = r->kv_bytes / r->t_med * 1e-9;
+        fprintf(f,
+                "%3lld %6s %6lld %6lld %5lld %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%% %8.2f "
+                "%4.1f%% %9.3f\n",
+                (long long)r->s.b, h, (long long)r->s.lq, (long long)r->s.lk, (long long)r->s.d,
+                bench_mask_name(r->s.mask), r->reps, r->t_med * 1e3, r->t_min * 1e3, r->t_max * 1e3,
+                gflops, 100.0 * ratio(gflops, ri->peak_gflops), gbs,
+                100.0 * ratio(gbs, ri->peak_gbs), (double)r->extra_bytes / 1e6);
+    }
+    fprintf(f,
+            "\nGFLOP/s = 4*B*Hq*D*(visible pairs) / median; %%peak against the higher of the two "
+            "peaks; GB/s = K and V bytes / median.\n");
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        const unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* A number, or null where it is not finite (JSON has no NaN or Inf). */
+static void json_number(FILE *f, double x) {
+    if (isfinite(x))
+        fprintf(f, "%.9g", x);
+    else
+        fputs("null", f);
+}
+
+/* A count held in a double (exact below 2^53), written without an exponent. */
+static void json_count(FILE *f, double x) {
+    fprintf(f, "%.0f", x);
+}
+
+static void json_peak(FILE *f, const char *name, const bench_peak *p) {
+    fprintf(f, "    \"%s\": {\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": ", name,
+            bench_isa_name(p->isa), p->n_threads);
+    json_number(f, p->gflops);
+    fputs(", \"read_gbs\": ", f);
+    json_number(f, p->read_gbs);
+    fputs("}", f);
+}
+
+void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int n) {
+    fputs("{\n  \"tool\": \"sdpa bench\",\n  \"sdpa_version\": ", f);
+    json_string(f, sdpa_version());
+    fputs(",\n  \"date\": ", f);
+    json_string(f, ri->date);
+    fputs(",\n  \"cpu_model\": ", f);
+    json_string(f, ri->cpu);
+    fprintf(f, ",\n  \"threads\": %d,\n  \"isa\": \"%s\",\n  ", ri->n_threads, ri->isa);
+    fputs("\"describe\": ", f);
+    json_string(f, ri->describe);
+    fputs(",\n  \"preset\": ", f);
+    if (ri->preset != NULL)
+        json_string(f, ri->preset);
+    else
+        fputs("null", f);
+    fprintf(f,
+            ",\n  \"dtype\": \"f32\",\n  \"layout\": \"BHLD\",\n  \"reps_max\": %d,\n"
+            "  \"warmup\": %d,\n  \"min_time_s\": ",
+            ri->reps_max, ri->warmup);
+    json_number(f, ri->min_time);
+    fputs(",\n  \"flop_convention\": \"4*B*Hq*D*visible_pairs: 2*D per visible (query, key) "
+          "pair for Q K^T and 2*D for P V; softmax not counted; causal counts only the visible "
+          "pairs\",\n  \"peak\": {\n",
+          f);
+    json_peak(f, "start", &ri->peak_start);
+    fputs(",\n", f);
+    json_peak(f, "end", &ri->peak_end);
+    fputs(",\n    \"fma_gflops\": ", f);
+    json_number(f, ri->peak_gflops);
+    fputs(",\n    \"read_gbs\": ", f);
+    json_number(f, ri->peak_gbs);
+    fputs("\n  },\n  \"shapes\": [", f);
+    for (int i = 0; i < n; i++) {
+        const bench_result *r = &rs[i];
+        char spec[96];
+        bench_shape_spec(&r->s, spec, sizeof spec);
+        const double gflops = r->flops / r->t_med * 1e-9, gbs = r->kv_bytes / r->t_med * 1e-9;
+        fprintf(f, "%s\n    {\"spec\": ", i ? "," : "");
+        json_string(f, spec);
+        fprintf(f,
+                ", \"B\": %lld, \"Hq\": %lld, \"Hkv\": %lld, \"Lq\": %lld, \"Lk\": %lld, "
+                "\"D\": %lld, \"mask\": \"%s\", \"causal\": %s, \"align\": \"%s\",\n"
+                "     \"visible_pairs\": %lld, \"flops\": ",
+                (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv, (long long)r->s.lq,
+                (long long)r->s.lk, (long long)r->s.d, bench_mask_name(r->s.mask),
+                r->s.mask != BENCH_MASK_NONE ? "true" : "false",
+                r->s.mask == BENCH_MASK_CAUSAL_BR ? "bottom-right" : "top-left",
+                (long long)r->visible);
+        json_count(f, r->flops);
+        fputs(", \"kv_bytes\": ", f);
+        json_count(f, r->kv_bytes);
+        fprintf(f, ", \"warmup\": %d, \"reps\": %d,\n     \"ms_median\": ", r->warmup, r->reps);
+        json_number(f, r->t_med * 1e3);
+        fputs(", \"ms_min\": ", f);
+        json_number(f, r->t_min * 1e3);
+        fputs(", \"ms_max\": ", f);
+        json_number(f, r->t_max * 1e3);
+        fputs(", \"gflops\": ", f);
+        json_number(f, gflops);
+        fputs(", \"gflops_best\": ", f);
+        json_number(f, r->flops / r->t_min * 1e-9);
+        fputs(", \"pct_peak\": ", f);
+        json_number(f, 100.0 * ratio(gflops, ri->peak_gflops));
+        fputs(",\n     \"gbs\": ", f);
+        json_number(f, gbs);
+        fputs(", \"pct_bandwidth\": ", f);
+        json_number(f, 100.0 * ratio(gbs, ri->peak_gbs));
+        fprintf(f,
+                ", \"extra_bytes\": %zu, \"ctx_bytes\": %zu, \"allocs_per_call\": ", r->extra_bytes,
+                r->ctx_bytes);
+        json_number(f, r->allocs_per_call);
+        fputs("}", f);
+    }
+    fputs("\n  ]\n}\n", f);
+}

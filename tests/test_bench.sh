@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# test_bench.sh — `sdpa bench` as a script meets it: a tiny shape runs, exits 0 and writes a
+# JSON file that parses and holds the figures; usage errors exit 2; --help exits 0. It never
+# checks a time or a rate (the machines are shared). Usage: test_bench.sh PATH/TO/sdpa
+set -u
+sdpa=$1
+passed=0
+failed=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ok() { echo "  ok   $1"; passed=$((passed + 1)); }
+fail() { echo "  FAIL $1"; failed=$((failed + 1)); }
+
+# check NAME WANT_EXIT -- ARGS...: runs sdpa bench ARGS and checks the exit code.
+check() {
+  local name=$1 want=$2
+  shift 3
+  "$sdpa" bench "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ "$rc" -eq "$want" ]; then
+    ok "$name"
+  else
+    fail "$name: exit $rc, want $want"
+    sed 's/^/    /' "$tmp/err" | head -5
+  fi
+}
+
+# One run, two shapes (each run measures the peak twice, about a second each).
+check run 0 -- --shape 1,1,16,16,8 --reps 2 --min-time 0.5 --threads 1 --json "$tmp/x.json" \
+  --shape 1,2/1,8,8,4,causal
+if [ -f "$tmp/x.json" ] && [ ! -e "$tmp/x.json.tmp" ]; then ok json_written; else fail json_written; fi
+if python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/x.json" 2>"$tmp/err"; then
+  ok json_parses
+else
+  fail json_parses; sed 's/^/    /' "$tmp/err" | head -5
+fi
+# The figures a consumer relies on are there, and consistent with the shape asked for.
+if python3 - "$tmp/x.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["shapes"]
+assert len(s) == 2 and s[0]["spec"] == "1,1,16,16,8", s
+assert s[0]["flops"] == 4 * 1 * 1 * 8 * 16 * 16, s[0]["flops"]
+assert 1 <= s[0]["reps"] <= 2 and s[0]["ms_median"] > 0
+assert j["threads"] == 1 and j["peak"]["start"]["fma_gflops"] > 0
+for k in ("sdpa_version", "date", "cpu_model", "flop_convention"):
+    assert k in j, k
+PY
+then ok json_fields; else fail json_fields; fi
+if grep -Eq '^ +1 +1 +16 +16 +8 +none' "$tmp/out"; then ok table_row; else fail table_row; fi
+
+# A causal shape counts only the visible pairs: L(L+1)/2 with top-left alignment.
+if python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["shapes"][1]; assert s["visible_pairs"]==36 and s["Hkv"]==1 and s["flops"]==4*2*4*36, s' \
+  "$tmp/x.json" 2>/dev/null; then ok causal_pairs; else fail causal_pairs; fi
+
+check help 0 -- --help
+if grep -q 'visible' "$tmp/out"; then ok help_flops; else fail help_flops; fi
+check bad_option 2 -- --frob
+check bad_threads 2 -- --threads -3
+check bad_shape 2 -- --shape 1,3/2,8,8,4
+check bad_preset 2 -- --preset huge
+check bad_json_dir 1 -- --shape 1,1,4,4,4 --json "$tmp/no/such/dir/x.json"
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
