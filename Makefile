@@ -1,6 +1,7 @@
-# A thin front to CMake. The build lives in build/ (release) and build-asan/ (ASan+UBSan).
+# A thin front to CMake. Builds live in build/ (release), build-asan/ (ASan+UBSan) and
+# build-tsan/ (ThreadSanitizer).
 #   make          release build of the library and the sdpa command
-#   make test     build everything, run all tests (release, then the sanitizer build)
+#   make test     build everything, run all tests (release, then ASan+UBSan, then TSan)
 #   make demo     the worked example, step by step
 #   make bench    time the forward at the quick shapes (PRESET=full for the target shapes;
 #                 BENCH_ARGS="--threads 2 --json out.json" passes options to sdpa bench)
@@ -16,7 +17,9 @@ CTEST_FLAGS ?= --output-on-failure
 PRESET     ?= quick
 BENCH_ARGS ?=
 
-.PHONY: all build test test-release test-asan demo bench install format clean
+TSAN_BUILD ?= build-tsan
+
+.PHONY: all build test test-release test-asan test-tsan demo bench install format clean
 
 all: build
 
@@ -24,7 +27,7 @@ build:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: test-release test-asan
+test: test-release test-asan test-tsan
 
 test-release: build
 	cd $(BUILD) && ctest $(CTEST_FLAGS) -j $(JOBS)
@@ -34,6 +37,11 @@ test-asan:
 	      $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ctest $(CTEST_FLAGS) -j $(JOBS) -LE no-sanitizer
+
+# The pool, determinism and thread tests under ThreadSanitizer (its own build: TSan cannot be
+# combined with ASan).
+test-tsan:
+	bash tests/tsan/run_tsan.sh $(TSAN_BUILD)
 
 demo: build
 	./$(BUILD)/cli/sdpa demo
@@ -48,4 +56,4 @@ format:
 	clang-format -i $$(git ls-files -co --exclude-standard '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
