@@ -305,6 +305,7 @@ static void test_causal_and_windows(void) {
                     c.params.window_left = windows[w][0];
                     c.params.window_right = windows[w][1];
                     c.alibi = (int)(w % 3 == 1);
+                    c.Hq = w % 2 ? 6 : 2; /* GQA groups of 3 on odd windows */
                     char name[96];
                     snprintf(name, sizeof name,
                              "Lq=%lld Lk=%lld align=%d window=(%lld,%lld) causal=%d",

@@ -2,7 +2,8 @@
  * flash.c — the tiled forward pass with the online softmax ("flash attention" on the CPU).
  *
  * Work is split into tasks of (batch b, kv head hk, block of query positions). A task holds
- * the rows of every query head of hk's group for its positions, so each K/V tile is read (or
+ * the rows of every query head of hk's group for its positions (position-major: row r is
+ * position i0 + r / group of head hk * group + r % group), so each K/V tile is read (or
  * packed) once for the whole group. For each tile of keys it computes the scores with the
  * ISA's micro-kernels (kernels.h), applies the rules that hide keys or bias scores, takes the
  * online-softmax step (running max m, running sum l, rescale factor alpha) and accumulates
@@ -25,7 +26,7 @@
 #include <math.h>
 #include <string.h>
 
-enum { TARGET_ROWS = 64, KEY_TILE = 64 };
+enum { TARGET_ROWS = 64, KEY_TILE = 64, KEY_SLICE = 16 };
 
 typedef struct flash_plan {
     const sdpa__problem *p;
@@ -101,31 +102,25 @@ typedef struct task_rows {
 
 /* Hides keys outside each row's window (on tiles the window cuts through), then applies
  * softcap, ALiBi and the mask to the visible scores of keys ja.. (s[jj * rp + r]). */
-static void post_process(const flash_plan *pl, int64_t b, const task_rows *tr, int64_t i0,
-                         int64_t nq, int64_t ja, int64_t nk, int whole, float *s) {
+static void post_process(const flash_plan *pl, int64_t b, const task_rows *tr, int64_t r0,
+                         int64_t r1, int64_t ja, int64_t nk, int whole, float *s) {
     const sdpa__problem *p = pl->p;
-    const int64_t rows = p->group * nq;
     if (!whole) {
-        /* Within each head's segment of rows, positions increase, so the rows a key is hidden
-         * from are a prefix (right bound: i + off + wr < j) and a suffix (left bound:
-         * i + off - wl > j) of the segment: two fills per key and head, no per-score test. */
+        /* Rows are sorted by position, so the rows a key is hidden from are a prefix (right
+         * bound: i + off + wr < j) and a suffix (left bound: i + off - wl > j) of the range:
+         * two fills per key, no per-score test. */
         for (int64_t jj = 0; jj < nk; jj++) {
             const int64_t j = ja + jj;
-            int64_t a = 0, z = nq;
-            if (p->window_right >= 0)
-                a = j - p->off - p->window_right - i0;
-            if (p->window_left >= 0)
-                z = j - p->off + p->window_left - i0 + 1;
-            a = a < 0 ? 0 : a > nq ? nq : a;
-            z = z < a ? a : z > nq ? nq : z;
+            int64_t a = r0, z = r1;
+            while (a < r1 && j > tr->hi[a])
+                a++;
+            while (z > a && j < tr->lo[z - 1])
+                z--;
             float *s_j = s + jj * pl->rp;
-            for (int64_t g = 0; g < p->group; g++) {
-                float *seg = s_j + g * nq;
-                for (int64_t ii = 0; ii < a; ii++)
-                    seg[ii] = -INFINITY;
-                for (int64_t ii = z; ii < nq; ii++)
-                    seg[ii] = -INFINITY;
-            }
+            for (int64_t r = r0; r < a; r++)
+                s_j[r] = -INFINITY;
+            for (int64_t r = z; r < r1; r++)
+                s_j[r] = -INFINITY;
         }
     }
     if (!pl->needs_post)
@@ -134,7 +129,7 @@ static void post_process(const flash_plan *pl, int64_t b, const task_rows *tr, i
     for (int64_t jj = 0; jj < nk; jj++) {
         const int64_t j = ja + jj;
         float *s_j = s + jj * pl->rp;
-        for (int64_t r = 0; r < rows; r++) {
+        for (int64_t r = r0; r < r1; r++) {
             if (j < tr->lo[r] || j > tr->hi[r])
                 continue; /* hidden by the window: stays -inf */
             const int64_t h = tr->h[r], i = tr->i[r];
@@ -204,7 +199,7 @@ static void flash_task(void *arg, int64_t task, int worker) {
     /* the rows of the task: Q transposed, and each row's head, position and window */
     const int64_t open = p->Lq + p->Lk; /* beyond any key index */
     for (int64_t r = 0; r < rpad; r++) {
-        const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
+        const int64_t h = hk * p->group + r % p->group, i = i0 + r / p->group;
         m[r] = -INFINITY;
         l[r] = 0.0f;
         tr.h[r] = h;
@@ -213,23 +208,18 @@ static void flash_task(void *arg, int64_t task, int worker) {
         tr.hi[r] = p->window_right >= 0 ? i + p->off + p->window_right : open;
     }
     if (pl->q_direct) {
-        /* d outer: the stores run along a row of qt; the reads stay within rows x Dk floats */
         for (int64_t r = 0; r < rows; r++)
             tr.q_row[r] = (const float *)p->q.data + sdpa__offset(&p->q, b, tr.h[r], tr.i[r], 0);
-        for (int64_t d = 0; d < p->Dk; d++) {
-            float *qt_d = qt + d * rp;
-            for (int64_t r = 0; r < rows; r++)
-                qt_d[r] = tr.q_row[r][d];
-        }
+        uk->pack_q(rows, p->Dk, tr.q_row, qt, rp);
     } else {
         for (int64_t r = 0; r < rows; r++)
             for (int64_t d = 0; d < p->Dk; d++)
                 qt[d * rp + r] =
                     sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, tr.h[r], tr.i[r], d));
+        for (int64_t d = 0; d < p->Dk; d++)
+            for (int64_t r = rows; r < rpad; r++)
+                qt[d * rp + r] = 0.0f;
     }
-    for (int64_t d = 0; d < p->Dk; d++)
-        for (int64_t r = rows; r < rpad; r++)
-            qt[d * rp + r] = 0.0f;
     memset(o, 0, (size_t)(rows * pl->dvp) * sizeof *o);
 
     /* the keys any row of the task may see */
@@ -241,29 +231,48 @@ static void flash_task(void *arg, int64_t task, int worker) {
 
     for (int64_t j0 = jlo / KEY_TILE * KEY_TILE; j0 < jhi; j0 += KEY_TILE) {
         const int64_t ja = j0 > jlo ? j0 : jlo, jb = j0 + KEY_TILE < jhi ? j0 + KEY_TILE : jhi;
-        const int64_t nk = jb - ja;
-        int64_t ldk, ldv;
-        const float *kt = tile_rows(&p->k, pl->k_direct, b, hk, ja, nk, p->Dk, kpack, &ldk);
-        uk->qk(nk, rpad, p->Dk, kt, ldk, qt, rp, (float)p->scale, s, rp);
-
         const int64_t min_rel = ja - (i0 + nq - 1 + p->off), max_rel = jb - 1 - (i0 + p->off);
         const int whole = (p->window_right < 0 || max_rel <= p->window_right) &&
                           (p->window_left < 0 || min_rel >= -p->window_left);
-        if (!whole || pl->needs_post)
-            post_process(pl, b, &tr, i0, nq, ja, nk, whole, s);
-        uk->softmax(nk, rpad, s, rp, m, l, alpha);
-
-        const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, ja, nk, p->Dv, vpack, &ldv);
-        if (pl->v_bad[(b * p->Hkv + hk) * pl->n_kt + j0 / KEY_TILE])
-            careful_pv(nk, rows, p->Dv, s, rp, alpha, vt, ldv, o, pl->dvp);
-        else
-            uk->pv(nk, rows, p->Dv, s, rp, alpha, vt, ldv, o, pl->dvp);
+        const int v_bad = pl->v_bad[(b * p->Hkv + hk) * pl->n_kt + j0 / KEY_TILE];
+        /* A tile the window cuts through (the causal diagonal) goes in slices of KEY_SLICE
+         * keys, each computed only for the rows that see some of it: rows are sorted by
+         * position, so those are one range, and most of the hidden triangle is skipped. */
+        const int64_t step = whole ? KEY_TILE : KEY_SLICE;
+        for (int64_t js = ja; js < jb; js += step) {
+            const int64_t nk = js + step < jb ? step : jb - js;
+            int64_t first = 0, last = nq; /* positions [first, last) see a key of the slice */
+            if (p->window_right >= 0)
+                first = js - p->off - p->window_right - i0;
+            if (p->window_left >= 0)
+                last = js + nk - 1 - p->off + p->window_left - i0 + 1;
+            first = first < 0 ? 0 : first;
+            last = last > nq ? nq : last;
+            if (first >= last)
+                continue;
+            const int64_t r0 = first * p->group / uk->lanes * uk->lanes;
+            const int64_t r1 = last * p->group, r1pad = round_up(r1, uk->lanes);
+            const int64_t r1use = r1pad < rows ? r1pad : rows;
+            float *s0 = s + r0;
+            int64_t ldk, ldv;
+            const float *kt = tile_rows(&p->k, pl->k_direct, b, hk, js, nk, p->Dk, kpack, &ldk);
+            uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
+            if (!whole || pl->needs_post)
+                post_process(pl, b, &tr, r0, r1use, js, nk, whole, s0 - r0);
+            uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
+            const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, js, nk, p->Dv, vpack, &ldv);
+            float *o0 = o + r0 * pl->dvp;
+            if (v_bad)
+                careful_pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
+            else
+                uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
+        }
     }
 
     /* O = acc / l, LSE = m + log l (summed in double: one rounding, not three); rows that saw
      * nothing: 0 and -inf */
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t h = hk * p->group + r / nq, i = i0 + r % nq;
+        const int64_t h = tr.h[r], i = tr.i[r];
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         const float *o_r = o + r * pl->dvp;
         if (pl->out_direct) {

@@ -27,6 +27,9 @@ typedef struct sdpa__ukernels {
     const char *name;
     sdpa_isa isa;
     int lanes; /* query rows per vector; nr arguments below are multiples of it */
+    /* qt[d*ldq + r] = rows[r][d] for r < nr, d < dk, and 0 for nr <= r < round_up(nr, lanes):
+     * the query rows of a task, transposed so that rows run along the vector lanes */
+    void (*pack_q)(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);
     /* s[j*lds + r] = scale * sum_d k[j*ldk + d] * qt[d*ldq + r]   for j < nk, r < nr
      * (the scale is applied to the finished dot product, as the reference does) */
     void (*qk)(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk, const float *qt,
@@ -45,6 +48,9 @@ typedef struct sdpa__ukernels {
 } sdpa__ukernels;
 
 extern const sdpa__ukernels sdpa__uk_generic;
+/* The portable pack_q, shared by tables that have no faster one. */
+void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt,
+                          int64_t ldq);
 #if defined(SDPA_HAVE_X86)
 extern const sdpa__ukernels sdpa__uk_avx2;
 extern const sdpa__ukernels sdpa__uk_avx512;

@@ -36,6 +36,49 @@ INLINE __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* pack_q: 16 rows x 16 features at a time, transposed in registers. After unpacking pairs of
+ * floats and of doubles, 128-bit lane k of u[4g + m] holds feature 4k + m of rows 4g..4g+3;
+ * two rounds of lane shuffles gather those four pieces into feature 4k + m of rows 0..15. */
+static void pack_q_avx512(int64_t nr, int64_t dk, const float *const *rows, float *qt,
+                          int64_t ldq) {
+    for (int64_t r0 = 0; r0 < nr; r0 += 16) {
+        const int64_t nrows = nr - r0 < 16 ? nr - r0 : 16;
+        for (int64_t d0 = 0; d0 < dk; d0 += 16) {
+            const int64_t nd = dk - d0 < 16 ? dk - d0 : 16;
+            const __mmask16 dm = (__mmask16)(nd == 16 ? 0xffff : (1u << nd) - 1u);
+            __m512 x[16], t[16], u[16];
+            for (int a = 0; a < 16; a++)
+                x[a] = a < nrows ? _mm512_maskz_loadu_ps(dm, rows[r0 + a] + d0)
+                                 : _mm512_setzero_ps();
+            for (int a = 0; a < 16; a += 2) {
+                t[a] = _mm512_unpacklo_ps(x[a], x[a + 1]);
+                t[a + 1] = _mm512_unpackhi_ps(x[a], x[a + 1]);
+            }
+            for (int g = 0; g < 4; g++) {
+                const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
+                const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]);
+                const __m512d t3 = _mm512_castps_pd(t[4 * g + 3]);
+                u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+                u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+                u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+                u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+            }
+            for (int m = 0; m < 4; m++) {
+                const __m512 x0 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0x44);
+                const __m512 x1 = _mm512_shuffle_f32x4(u[m], u[4 + m], 0xee);
+                const __m512 y0 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0x44);
+                const __m512 y1 = _mm512_shuffle_f32x4(u[8 + m], u[12 + m], 0xee);
+                const __m512 col[4] = {
+                    _mm512_shuffle_f32x4(x0, y0, 0x88), _mm512_shuffle_f32x4(x0, y0, 0xdd),
+                    _mm512_shuffle_f32x4(x1, y1, 0x88), _mm512_shuffle_f32x4(x1, y1, 0xdd)};
+                for (int k = 0; k < 4; k++)
+                    if (4 * k + m < nd)
+                        _mm512_storeu_ps(qt + (d0 + 4 * k + m) * ldq + r0, col[k]);
+            }
+        }
+    }
+}
+
 /* s[a][16v..] = sum_d k[a][d] * qt[d][16v..] for a < mr keys, v < nv vectors of rows. */
 INLINE void qk_block(int mr, int nv, int64_t dk, const float *k, int64_t ldk, const float *qt,
                      int64_t ldq, float scale, float *s, int64_t lds) {
@@ -242,5 +285,5 @@ static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_
 }
 
 const sdpa__ukernels sdpa__uk_avx512 = {
-    "avx512", SDPA_ISA_AVX512, 16, qk_avx512, softmax_avx512, pv_avx512,
+    "avx512", SDPA_ISA_AVX512, 16, pack_q_avx512, qk_avx512, softmax_avx512, pv_avx512,
 };

@@ -7,6 +7,18 @@
 
 #include <math.h>
 
+void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt,
+                          int64_t ldq) {
+    const int64_t npad = (nr + 7) / 8 * 8; /* a multiple of every table's lanes using this */
+    for (int64_t d = 0; d < dk; d++) {
+        float *qt_d = qt + d * ldq;
+        for (int64_t r = 0; r < nr; r++)
+            qt_d[r] = rows[r][d];
+        for (int64_t r = nr; r < npad; r++)
+            qt_d[r] = 0.0f;
+    }
+}
+
 /* The dot products are accumulated in double: without FMA (portable C does not contract
  * a * b + c), a float sum of float products would be less accurate than an f32 baseline that
  * uses FMA, which is what the SIMD tables and the tests' baseline do. */
@@ -69,5 +81,5 @@ static void pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64
 }
 
 const sdpa__ukernels sdpa__uk_generic = {
-    "generic", SDPA_ISA_GENERIC, 8, qk_generic, softmax_generic, pv_generic,
+    "generic", SDPA_ISA_GENERIC, 8, sdpa__pack_q_generic, qk_generic, softmax_generic, pv_generic,
 };
