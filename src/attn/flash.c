@@ -151,23 +151,6 @@ static void post_process(const flash_plan *pl, int64_t b, const task_rows *tr, i
     }
 }
 
-/* o = alpha o + P V, skipping hidden keys (weight -0.0): used when V holds NaN or Inf. */
-static void careful_pv(int64_t nk, int64_t rows, int64_t dv, const float *p, int64_t ldp,
-                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    for (int64_t r = 0; r < rows; r++) {
-        float *o_r = o + r * ldo;
-        for (int64_t c = 0; c < dv; c++)
-            o_r[c] *= alpha[r];
-        for (int64_t j = 0; j < nk; j++) {
-            const float pj = p[j * ldp + r];
-            if (pj == 0.0f && signbit(pj))
-                continue;
-            for (int64_t c = 0; c < dv; c++)
-                o_r[c] += pj * v[j * ldv + c];
-        }
-    }
-}
-
 static void flash_task(void *arg, int64_t task, int worker) {
     const flash_plan *pl = arg;
     const sdpa__problem *p = pl->p;
@@ -263,7 +246,7 @@ static void flash_task(void *arg, int64_t task, int worker) {
             const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, js, nk, p->Dv, vpack, &ldv);
             float *o0 = o + r0 * pl->dvp;
             if (v_bad)
-                careful_pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
+                sdpa__pv_generic(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             else
                 uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
         }

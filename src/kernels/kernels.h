@@ -48,9 +48,11 @@ typedef struct sdpa__ukernels {
 } sdpa__ukernels;
 
 extern const sdpa__ukernels sdpa__uk_generic;
+/* The portable P V, which skips hidden keys: also the careful P V for V tiles with NaN/Inf. */
+void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo);
 /* The portable pack_q, shared by tables that have no faster one. */
-void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt,
-                          int64_t ldq);
+void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);
 #if defined(SDPA_HAVE_X86)
 extern const sdpa__ukernels sdpa__uk_avx2;
 extern const sdpa__ukernels sdpa__uk_avx512;

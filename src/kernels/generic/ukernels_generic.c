@@ -65,14 +65,19 @@ static void softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float
     }
 }
 
-static void pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
-                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+/* Skips the weights of hidden keys (-0.0), which costs the portable code little and makes it
+ * also the careful P V the driver uses when a V tile holds NaN or Inf: a hidden key is never
+ * multiplied, so its 0 x NaN cannot reach the output. */
+void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     for (int64_t r = 0; r < nr; r++) {
         float *o_r = o + r * ldo;
         for (int64_t c = 0; c < dv; c++)
             o_r[c] *= alpha[r];
         for (int64_t j = 0; j < nk; j++) {
             const float pj = p[j * ldp + r];
+            if (pj == 0.0f && signbit(pj))
+                continue;
             const float *v_j = v + j * ldv;
             for (int64_t c = 0; c < dv; c++)
                 o_r[c] += pj * v_j[c];
@@ -81,5 +86,6 @@ static void pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64
 }
 
 const sdpa__ukernels sdpa__uk_generic = {
-    "generic", SDPA_ISA_GENERIC, 8, sdpa__pack_q_generic, qk_generic, softmax_generic, pv_generic,
+    "generic",       SDPA_ISA_GENERIC, 8, sdpa__pack_q_generic, qk_generic,
+    softmax_generic, sdpa__pv_generic,
 };
