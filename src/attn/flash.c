@@ -26,7 +26,7 @@
 #include <math.h>
 #include <string.h>
 
-enum { TARGET_ROWS = 64, KEY_TILE = 64, KEY_SLICE = 16 };
+enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
 
 typedef struct flash_plan {
     const sdpa__problem *p;
