@@ -48,8 +48,8 @@ static void pack_q_avx512(int64_t nr, int64_t dk, const float *const *rows, floa
             const __mmask16 dm = (__mmask16)(nd == 16 ? 0xffff : (1u << nd) - 1u);
             __m512 x[16], t[16], u[16];
             for (int a = 0; a < 16; a++)
-                x[a] = a < nrows ? _mm512_maskz_loadu_ps(dm, rows[r0 + a] + d0)
-                                 : _mm512_setzero_ps();
+                x[a] =
+                    a < nrows ? _mm512_maskz_loadu_ps(dm, rows[r0 + a] + d0) : _mm512_setzero_ps();
             for (int a = 0; a < 16; a += 2) {
                 t[a] = _mm512_unpacklo_ps(x[a], x[a + 1]);
                 t[a + 1] = _mm512_unpackhi_ps(x[a], x[a + 1]);
