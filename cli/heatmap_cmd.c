@@ -1,0 +1,186 @@
+/*
+ * heatmap_cmd.c — `sdpa heatmap`: draws attention weights saved as .npy (by `sdpa run
+ * --weights`, or by numpy) as a PNG heatmap (heatmap.h). Exit codes: 0 ok, 1 runtime error
+ * (a file that cannot be read or written), 2 usage error (options, or options that do not
+ * fit the array, such as a head it does not have).
+ */
+#include "cli.h"
+#include "heatmap.h"
+#include "npy.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char heatmap_usage[] =
+    "usage: sdpa heatmap --weights W.npy --out W.png [--head H|all] [--batch B]\n"
+    "                    [--title TEXT] [--subtitle TEXT] [--max-cells N]\n"
+    "\n"
+    "Draws attention weights as a PNG heatmap: row i is query position i, column j is key\n"
+    "position j, and the colour of cell (i, j) is the weight query i gives to key j (each row\n"
+    "sums to 1). The colour map is viridis (dark violet for 0, yellow for the largest weight\n"
+    "shown); the colour bar on the right gives the scale. Cells that are NaN or infinite are\n"
+    "magenta and counted under the colour bar. Large cells show their value.\n"
+    "\n"
+    "options:\n"
+    "  --weights FILE  a float32 .npy array of weights: (Lq, Lk), (H, Lq, Lk) or\n"
+    "                  (B, H, Lq, Lk), as written by 'sdpa run --weights'\n"
+    "  --out FILE      the PNG to write (through a temporary file, so a failure never\n"
+    "                  leaves a partial one)\n"
+    "  --head H        draw head H only; 'all' (the default) draws a grid of every head of\n"
+    "                  the batch element, at most 64, on one shared colour scale\n"
+    "  --batch B       the batch element to draw (default 0)\n"
+    "  --title TEXT    the first title line (default: 'attention weights from FILE')\n"
+    "  --subtitle TEXT a second title line, e.g. the options the weights were computed with\n"
+    "  --max-cells N   the longest axis drawn cell by cell (default 256); a longer one is\n"
+    "                  shown as means over blocks of ceil(L / N) positions, and the title\n"
+    "                  says so. A grid of many heads may average more to fit 2000 pixels.\n"
+    "\n"
+    "The title also gives the shape (B, H, Lq, Lk) and which batch element and head.\n"
+    "Exit codes: 0 success, 1 runtime error, 2 usage error.\n";
+
+static int usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("sdpa heatmap: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (try --help)\n", stderr);
+    va_end(ap);
+    return CLI_USAGE;
+}
+
+/* Accepts "--opt VALUE" and "--opt=VALUE". @return 1 if argv[*i] is opt (its value in *val,
+ * NULL when missing), else 0. */
+static int option_value(int argc, char **argv, int *i, const char *opt, const char **val) {
+    const size_t n = strlen(opt);
+    if (strncmp(argv[*i], opt, n) != 0)
+        return 0;
+    if (argv[*i][n] == '=') {
+        *val = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != '\0')
+        return 0;
+    *val = *i + 1 < argc ? argv[++*i] : NULL;
+    return 1;
+}
+
+/* A whole decimal number in [lo, hi]. @return 0, or -1. */
+static int parse_int(const char *s, long long lo, long long hi, long long *out) {
+    if (s == NULL || *s == '\0')
+        return -1;
+    char *end;
+    errno = 0;
+    const long long v = strtoll(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_heatmap(int argc, char **argv) {
+    const char *weights = NULL, *out = NULL, *title = NULL, *subtitle = NULL, *v;
+    long long head = -1, batch = 0, max_cells = HEATMAP_DEFAULT_CELLS;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(heatmap_usage, stdout);
+            return CLI_OK;
+        } else if (option_value(argc, argv, &i, "--weights", &v)) {
+            if (v == NULL || *v == '\0')
+                return usage_error("--weights needs a file");
+            weights = v;
+        } else if (option_value(argc, argv, &i, "--out", &v)) {
+            if (v == NULL || *v == '\0')
+                return usage_error("--out needs a file");
+            out = v;
+        } else if (option_value(argc, argv, &i, "--head", &v)) {
+            if (v != NULL && strcmp(v, "all") == 0)
+                head = -1;
+            else if (parse_int(v, 0, INT64_MAX, &head) != 0)
+                return usage_error("--head needs a head number >= 0 or 'all', not '%s'",
+                                   v ? v : "");
+        } else if (option_value(argc, argv, &i, "--batch", &v)) {
+            if (parse_int(v, 0, INT64_MAX, &batch) != 0)
+                return usage_error("--batch needs a number >= 0, not '%s'", v ? v : "");
+        } else if (option_value(argc, argv, &i, "--title", &v)) {
+            if (v == NULL)
+                return usage_error("--title needs a text");
+            title = v;
+        } else if (option_value(argc, argv, &i, "--subtitle", &v)) {
+            if (v == NULL)
+                return usage_error("--subtitle needs a text");
+            subtitle = v;
+        } else if (option_value(argc, argv, &i, "--max-cells", &v)) {
+            if (parse_int(v, 1, HEATMAP_MAX_SIDE, &max_cells) != 0)
+                return usage_error("--max-cells needs a number in [1, %d], not '%s'",
+                                   HEATMAP_MAX_SIDE, v ? v : "");
+        } else {
+            return usage_error("unknown option '%s'", argv[i]);
+        }
+    }
+    if (weights == NULL || out == NULL)
+        return usage_error("--weights and --out are required");
+
+    char err[1024];
+    npy_array a;
+    if (npy_load(weights, 0, &a, err, sizeof err) != 0) {
+        fprintf(stderr, "sdpa heatmap: %s\n", err);
+        return CLI_RUNTIME;
+    }
+    int rc = CLI_OK;
+    if (a.dtype != SDPA_F32) {
+        fprintf(stderr, "sdpa heatmap: %s: the weights must be float32 ('<f4'), not %s\n", weights,
+                sdpa_dtype_name(a.dtype));
+        rc = CLI_RUNTIME;
+        goto done;
+    }
+    if (a.ndim < 2 || a.ndim > 4) {
+        fprintf(stderr,
+                "sdpa heatmap: %s: an array of rank %d; weights have rank 2 (Lq, Lk), "
+                "3 (H, Lq, Lk) or 4 (B, H, Lq, Lk)\n",
+                weights, a.ndim);
+        rc = CLI_RUNTIME;
+        goto done;
+    }
+    /* Pad the shape on the left to (B, H, Lq, Lk). */
+    int64_t shape[4] = {1, 1, 1, 1};
+    for (int d = 0; d < a.ndim; d++)
+        shape[4 - a.ndim + d] = a.shape[d];
+    if (a.count == 0) {
+        fprintf(stderr, "sdpa heatmap: %s: the array is empty\n", weights);
+        rc = CLI_RUNTIME;
+        goto done;
+    }
+    if (batch >= shape[0] || head >= shape[1]) {
+        rc = usage_error("%s has shape (B, H, Lq, Lk) = (%lld, %lld, %lld, %lld): no %s %lld",
+                         weights, (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                         (long long)shape[3], batch >= shape[0] ? "batch" : "head",
+                         batch >= shape[0] ? batch : head);
+        goto done;
+    }
+    if (head < 0 && shape[1] > HEATMAP_MAX_PANELS) {
+        rc = usage_error("%s has %lld heads, too many for one grid (at most %d): choose one "
+                         "with --head",
+                         weights, (long long)shape[1], HEATMAP_MAX_PANELS);
+        goto done;
+    }
+
+    char default_title[600];
+    snprintf(default_title, sizeof default_title, "attention weights from %s", weights);
+    heatmap_opts o = heatmap_opts_default();
+    o.batch = batch;
+    o.head = head;
+    o.title = title != NULL ? title : default_title;
+    o.subtitle = subtitle;
+    o.max_cells = (int)max_cells;
+    if (heatmap_write_png(out, a.data, shape[0], shape[1], shape[2], shape[3], &o, err,
+                          sizeof err) != 0) {
+        fprintf(stderr, "sdpa heatmap: %s\n", err);
+        rc = CLI_RUNTIME;
+    }
+done:
+    npy_free(&a);
+    return rc;
+}
