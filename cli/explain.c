@@ -1,0 +1,821 @@
+/*
+ * explain.c — `sdpa explain`: scaled dot-product attention taught one step at a time, on real
+ * numbers, the way the seeds' notebook walks through it (../shared/seeds/): the inputs, the
+ * scores Q K^T, the scaling and why, the causal mask, the row-wise softmax, the weighted sum
+ * of the values, and a check against the library's fused result; then the seeds' "why scale"
+ * demonstration. With --n 4 --d 8 --seed 42 (the defaults) the inputs are the very numbers
+ * PyTorch draws after torch.manual_seed(42) (torch_rng.c), so the printout can be read side by
+ * side with the notebook.
+ *
+ * Every step is computed here, plainly and in double precision, because showing it is the
+ * point; the library is called only at the end, as the thing being checked. The layout code
+ * (80-column tables and word-wrapped prose, colour only on a terminal) is in explain_print.c.
+ */
+#include "cli.h"
+#include "explain_print.h"
+#include "npy.h"
+#include "torch_rng.h"
+
+#include "sdpa.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { MAX_L = 16, MAX_D = 16 };
+
+static const char usage[] =
+    "usage: sdpa explain [--n N] [--d D] [--seed S] [--causal] [--no-color]\n"
+    "       sdpa explain --q Q.npy --k K.npy --v V.npy [--causal] [--no-color]\n"
+    "\n"
+    "Walks through scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V, one\n"
+    "step at a time on real numbers: the inputs, the scores Q K^T (one entry worked\n"
+    "out), the scaling by 1/sqrt(d_k) and why (the variance argument, on these very\n"
+    "numbers), the causal mask (with --causal), the row-wise softmax (one row worked\n"
+    "out), the weighted sum of the values, and a check against the library's fused\n"
+    "sdpa_forward. It ends with the \"why scale\" demonstration: the softmax of\n"
+    "[2, 1, 0.5], of [200, 100, 50], and of [200, 100, 50] scaled down.\n"
+    "\n"
+    "options:\n"
+    "  --n N        number of tokens, 1 to 16 (default 4)\n"
+    "  --d D        model dimension, d_model = d_k = d_v, 1 to 16 (default 8)\n"
+    "  --seed S     random seed, as torch.manual_seed(S) (default 42). The inputs are\n"
+    "               X = randn(N, D), then W_Q, W_K, W_V = randn(D, D), and\n"
+    "               Q = X W_Q, K = X W_K, V = X W_V, as a PyTorch notebook would\n"
+    "  --q FILE     your own queries instead: a .npy array (Lq, d_k), float32/float16\n"
+    "  --k FILE     your own keys, (Lk, d_k)\n"
+    "  --v FILE     your own values, (Lk, d_v); --q, --k and --v go together, and\n"
+    "               each extent is at most 16 (use 'sdpa run' for larger arrays)\n"
+    "  --causal     token i may attend only to tokens j <= i (a decoder's mask)\n"
+    "  --no-color   no colour, even on a terminal (so does a non-empty NO_COLOR);\n"
+    "               output into a pipe or a file never has colour\n"
+    "  -h, --help   this text\n"
+    "\n"
+    "examples:\n"
+    "  sdpa explain                     the classic example: 4 tokens, d = 8, seed 42\n"
+    "  sdpa explain --causal            the same, with the causal mask\n"
+    "  sdpa explain --n 6 --d 16 --seed 7\n"
+    "  sdpa explain --q q.npy --k k.npy --v v.npy\n"
+    "  sdpa explain | less              (plain text: no colour in a pipe)\n"
+    "\n"
+    "exit codes: 0 ok, 1 runtime error (a file, a failed check), 2 usage error.\n";
+
+/* Everything one walk-through needs. The inputs are float32, as the library takes them; every
+ * intermediate is double, so the step-by-step numbers are the exact values of the maths and
+ * the final comparison measures the library alone. */
+typedef struct explain {
+    /* where the inputs come from */
+    int generated; /* 1: from the seed; 0: the user's files */
+    int n_model;   /* generated: d_model */
+    unsigned long long seed;
+    const char *qname, *kname, *vname;
+    int causal;
+    xp_out out;
+    int step;
+
+    int lq, lk, dk, dv;
+    float x[MAX_L * MAX_D];
+    float q[MAX_L * MAX_D], k[MAX_L * MAX_D], v[MAX_L * MAX_D];
+
+    double scores[MAX_L * MAX_L]; /* q_i . k_j */
+    double scaled[MAX_L * MAX_L]; /* scores / sqrt(d_k); -inf where the mask hides a key */
+    double w[MAX_L * MAX_L];      /* softmax of each row of scaled */
+    double o[MAX_L * MAX_D];      /* w V */
+} explain;
+
+/* ---------------------------------------------------------------------------------------- */
+/* Options and inputs                                                                        */
+/* ---------------------------------------------------------------------------------------- */
+
+static int usage_error(const char *msg, const char *a, const char *b) {
+    fprintf(stderr, "sdpa explain: ");
+    fprintf(stderr, msg, a, b);
+    fprintf(stderr, " (try 'sdpa explain --help')\n");
+    return CLI_USAGE;
+}
+
+/* A whole decimal number in [lo, hi]; no sign tricks, no trailing characters. */
+static int parse_count(const char *s, int lo, int hi, int *out) {
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    const long val = strtol(s, &end, 10);
+    if (errno != 0 || *end != '\0' || val < lo || val > hi)
+        return -1;
+    *out = (int)val;
+    return 0;
+}
+
+static int parse_seed(const char *s, unsigned long long *out) {
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    const unsigned long long val = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0')
+        return -1;
+    *out = val;
+    return 0;
+}
+
+/* IEEE binary16 to float: explain accepts '<f2' files as well as '<f4'. */
+static float half_to_float(uint16_t h) {
+    const int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    double val;
+    if (exp == 0)
+        val = ldexp((double)man, -24); /* zero or subnormal */
+    else if (exp == 31)
+        val = man ? NAN : INFINITY;
+    else
+        val = ldexp((double)(man | 0x400), exp - 25);
+    return (float)(sign ? -val : val);
+}
+
+static void shape_str(const npy_array *a, char *buf, size_t len) {
+    size_t n = (size_t)snprintf(buf, len, "(");
+    for (int i = 0; i < a->ndim && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? ", " : "", (long long)a->shape[i]);
+    if (n < len)
+        snprintf(buf + n, len - n, a->ndim == 1 ? ",)" : ")");
+}
+
+/* Loads one of the user's arrays: rank 2, float32 or float16, at most MAX_L x MAX_D, finite.
+ * Prints the problem to stderr and returns CLI_RUNTIME on any failure. */
+static int load_matrix(const char *path, const char *what, float *dst, int *rows, int *cols,
+                       char *shape, size_t shape_len) {
+    char err[512];
+    npy_array a;
+    memset(&a, 0, sizeof a);
+    if (npy_load(path, 0, &a, err, sizeof err) != 0) {
+        fprintf(stderr, "sdpa explain: %s\n", err);
+        return CLI_RUNTIME;
+    }
+    shape_str(&a, shape, shape_len);
+    int rc = CLI_RUNTIME;
+    if (a.ndim != 2)
+        fprintf(stderr,
+                "sdpa explain: %s: shape %s; explain takes the %s as a rank-2 (L, D) array\n", path,
+                shape, what);
+    else if (a.shape[0] < 1 || a.shape[1] < 1 || a.shape[0] > MAX_L || a.shape[1] > MAX_D)
+        fprintf(stderr,
+                "sdpa explain: %s: shape %s; explain shows arrays from 1 x 1 up to %d x %d "
+                "('sdpa run' takes any size)\n",
+                path, shape, MAX_L, MAX_D);
+    else if (a.dtype != SDPA_F32 && a.dtype != SDPA_F16)
+        fprintf(stderr, "sdpa explain: %s: dtype %s; explain takes float32 or float16\n", path,
+                sdpa_dtype_name(a.dtype));
+    else
+        rc = CLI_OK;
+    if (rc == CLI_OK) {
+        *rows = (int)a.shape[0];
+        *cols = (int)a.shape[1];
+        for (int64_t i = 0; i < a.count; i++) {
+            dst[i] = a.dtype == SDPA_F32 ? ((const float *)a.data)[i]
+                                         : half_to_float(((const uint16_t *)a.data)[i]);
+            /* NaN or Inf would turn every step into NaN: nothing left to explain. */
+            if (!isfinite(dst[i])) {
+                fprintf(stderr,
+                        "sdpa explain: %s: element %lld is %s; explain needs finite numbers\n",
+                        path, (long long)i, isnan(dst[i]) ? "NaN" : "infinite");
+                rc = CLI_RUNTIME;
+                break;
+            }
+        }
+    }
+    npy_free(&a);
+    return rc;
+}
+
+static int load_user_inputs(explain *e) {
+    char qs[96], ks[96], vs[96];
+    int qr, qc, kr, kc, vr, vc, rc;
+    if ((rc = load_matrix(e->qname, "queries", e->q, &qr, &qc, qs, sizeof qs)) != CLI_OK ||
+        (rc = load_matrix(e->kname, "keys", e->k, &kr, &kc, ks, sizeof ks)) != CLI_OK ||
+        (rc = load_matrix(e->vname, "values", e->v, &vr, &vc, vs, sizeof vs)) != CLI_OK)
+        return rc;
+    if (qc != kc) {
+        fprintf(stderr,
+                "sdpa explain: %s has shape %s but %s has shape %s: queries and keys must "
+                "have the same d_k (%d vs %d)\n",
+                e->qname, qs, e->kname, ks, qc, kc);
+        return CLI_RUNTIME;
+    }
+    if (kr != vr) {
+        fprintf(stderr,
+                "sdpa explain: %s has shape %s but %s has shape %s: there must be one value "
+                "per key (%d keys vs %d values)\n",
+                e->kname, ks, e->vname, vs, kr, vr);
+        return CLI_RUNTIME;
+    }
+    e->lq = qr;
+    e->lk = kr;
+    e->dk = qc;
+    e->dv = vc;
+    return CLI_OK;
+}
+
+/* c (n x p) = a (n x m) @ b (m x p), accumulated in double and rounded once to float: Q, K
+ * and V are float32 inputs of the library like any other. */
+static void matmul(const float *a, const float *b, float *c, int n, int m, int p) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < p; j++) {
+            double acc = 0.0;
+            for (int t = 0; t < m; t++)
+                acc += (double)a[i * m + t] * (double)b[t * p + j];
+            c[i * p + j] = (float)acc;
+        }
+}
+
+/* The notebook's order: X first, then W_Q, W_K, W_V, all from one generator. */
+static void generate_inputs(explain *e) {
+    static float wq[MAX_D * MAX_D], wk[MAX_D * MAX_D], wv[MAX_D * MAX_D];
+    const int n = e->lq, d = e->n_model;
+    torch_rng r;
+    torch_rng_seed(&r, e->seed);
+    torch_rng_randn(&r, e->x, (int64_t)n * d);
+    torch_rng_randn(&r, wq, (int64_t)d * d);
+    torch_rng_randn(&r, wk, (int64_t)d * d);
+    torch_rng_randn(&r, wv, (int64_t)d * d);
+    matmul(e->x, wq, e->q, n, d, d);
+    matmul(e->x, wk, e->k, n, d, d);
+    matmul(e->x, wv, e->v, n, d, d);
+    e->lk = n;
+    e->dk = e->dv = d;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The arithmetic, plainly                                                                   */
+/* ---------------------------------------------------------------------------------------- */
+
+/* PyTorch's is_causal (top-left): query i sees keys 0..i. */
+static int visible(const explain *e, int i, int j) {
+    return !e->causal || j <= i;
+}
+
+static void compute(explain *e) {
+    const double scale = 1.0 / sqrt((double)e->dk);
+    for (int i = 0; i < e->lq; i++) {
+        for (int j = 0; j < e->lk; j++) {
+            double acc = 0.0;
+            for (int t = 0; t < e->dk; t++)
+                acc += (double)e->q[i * e->dk + t] * (double)e->k[j * e->dk + t];
+            e->scores[i * e->lk + j] = acc;
+            e->scaled[i * e->lk + j] = visible(e, i, j) ? acc * scale : -INFINITY;
+        }
+        /* Subtracting the row's largest score first keeps exp() from overflowing; it cancels
+         * in the division. Row 0 always sees key 0, so no row is fully masked. */
+        const double *s = e->scaled + i * e->lk;
+        double m = -INFINITY, sum = 0.0;
+        for (int j = 0; j < e->lk; j++)
+            m = s[j] > m ? s[j] : m;
+        for (int j = 0; j < e->lk; j++)
+            sum += exp(s[j] - m);
+        for (int j = 0; j < e->lk; j++)
+            e->w[i * e->lk + j] = exp(s[j] - m) / sum;
+        for (int f = 0; f < e->dv; f++) {
+            double acc = 0.0;
+            for (int j = 0; j < e->lk; j++)
+                acc += e->w[i * e->lk + j] * (double)e->v[j * e->dv + f];
+            e->o[i * e->dv + f] = acc;
+        }
+    }
+}
+
+/* Unbiased sample variance (torch.var's default); needs n >= 2. */
+static double sample_var(const double *x, int n) {
+    double mean = 0.0, ss = 0.0;
+    for (int i = 0; i < n; i++)
+        mean += x[i];
+    mean /= n;
+    for (int i = 0; i < n; i++)
+        ss += (x[i] - mean) * (x[i] - mean);
+    return ss / (n - 1);
+}
+
+static double sample_var_f(const float *x, int n) {
+    static double tmp[MAX_L * MAX_D];
+    for (int i = 0; i < n; i++)
+        tmp[i] = x[i];
+    return sample_var(tmp, n);
+}
+
+/* The row the worked examples use: the one whose weights are most spread out (the smallest
+ * largest weight), since a one-hot row teaches little about mixing. */
+static int most_spread_row(const explain *e) {
+    int best = 0;
+    double best_max = 2.0;
+    for (int i = 0; i < e->lq; i++) {
+        double m = 0.0;
+        for (int j = 0; j < e->lk; j++)
+            m = e->w[i * e->lk + j] > m ? e->w[i * e->lk + j] : m;
+        if (m < best_max - 1e-12) {
+            best_max = m;
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The steps                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+static void step_inputs(explain *e) {
+    xp_heading(&e->out, ++e->step, "The inputs");
+    if (e->generated) {
+        const int n = e->lq, d = e->n_model;
+        char code[64];
+        xp_para(&e->out, 0, 0,
+                "We start from %d token%s that have already been embedded: each is a vector "
+                "of d_model = %d numbers, one row of X. (PyTorch: torch.manual_seed(%llu); "
+                "%s.)",
+                n, n == 1 ? "" : "s", d, e->seed,
+                xp_glue(code, sizeof code, "X = torch.randn(%d, %d)", n, d));
+        xp_matrix(&e->out, "X", e->x, n, d, "x");
+        xp_para(&e->out, 0, 0,
+                "Each token plays three roles, and three learned matrices give it one vector per "
+                "role "
+                "(random here: W_Q, W_K, W_V = %s, drawn in that order):",
+                xp_glue(code, sizeof code, "torch.randn(%d, %d)", d, d));
+        xp_para(&e->out, 2, 14,
+                "Q = X W_Q     the query: what am I looking for?\n"
+                "K = X W_K     the key: what do I offer, to be found by?\n"
+                "V = X W_V     the value: what do I hand over if chosen?");
+        xp_para(&e->out, 0, 0,
+                "Row i of Q, K and V belongs to token i. Here d_k = d_v = d_model = %d.", d);
+    } else {
+        xp_para(&e->out, 0, 0,
+                "Your arrays: %d quer%s from %s, %d key%s from %s and %d value%s from %s. Row i "
+                "of Q is query i, row j of K and of V belong to key j. d_k = %d (the length "
+                "of a query or key), d_v = %d (the length of a value).",
+                e->lq, e->lq == 1 ? "y" : "ies", e->qname, e->lk, e->lk == 1 ? "" : "s", e->kname,
+                e->lk, e->lk == 1 ? "" : "s", e->vname, e->dk, e->dv);
+    }
+    xp_matrix(&e->out, "Q", e->q, e->lq, e->dk, "q");
+    xp_matrix(&e->out, "K", e->k, e->lk, e->dk, "k");
+    xp_matrix(&e->out, "V", e->v, e->lk, e->dv, "v");
+}
+
+static void step_scores(explain *e) {
+    xp_heading(&e->out, ++e->step, "Scores: every query meets every key, Q K^T");
+    xp_para(&e->out, 0, 0,
+            "Entry [i, j] is the dot product q_i . k_j = the sum over the d_k = %d "
+            "feature%s of q_i[f] * k_j[f]: how well token i's query matches token j's key. A "
+            "large score is a good match. The result has one row per query and one column "
+            "per key, %d x %d: every query against every key, the N^2 part of attention.",
+            e->dk, e->dk == 1 ? "" : "s", e->lq, e->lk);
+    xp_grid(&e->out, "scores = Q K^T", e->scores, e->lq, e->lk, XP_AUTO, "q", "k", 0, NULL);
+
+    const int i = 0, j = e->lk > 1 ? 1 : 0;
+    xp_fmt style_q = xp_style_f(e->q, e->lq * e->dk), style_k = xp_style_f(e->k, e->lk * e->dk);
+    char label[64];
+    snprintf(label, sizeof label, "scores[%d, %d] = q%d . k%d = ", i, j, i, j);
+    xp_sum sum;
+    xp_sum_begin(&sum, label);
+    for (int t = 0; t < e->dk; t++)
+        xp_sum_product(&sum, (double)e->q[i * e->dk + t], style_q, (double)e->k[j * e->dk + t],
+                       style_k);
+    xp_sum_end(&sum, e->scores[i * e->lk + j], xp_style(e->scores, e->lq * e->lk));
+    xp_para(&e->out, 0, 0, "For example, worked out feature by feature:");
+    xp_sum_print(&e->out, &sum);
+    xp_para(&e->out, 0, 0, "(The factors are shown rounded; the sum uses every digit.)");
+}
+
+static void step_scale(explain *e) {
+    const int dk = e->dk, count = e->lq * e->lk;
+    const double root = sqrt((double)dk);
+    xp_heading(&e->out, ++e->step, "Scaling: divide by sqrt(d_k)");
+    if (dk == 1) {
+        xp_para(&e->out, 0, 0,
+                "Each score is a sum of d_k products, and sums grow with their length: with "
+                "entries of variance 1 a score has variance d_k, so we divide every score by "
+                "sqrt(d_k) to bring it back to about 1. Here d_k = 1 and sqrt(1) = 1: the "
+                "scaling changes nothing (it matters for long vectors; try --d 16).");
+    } else {
+        xp_para(&e->out, 0, 0,
+                "Why: each score is a sum of d_k = %d products, and sums grow with their "
+                "length. If the entries of q and k were independent with mean 0 and "
+                "variance 1, each product would have variance 1 and the score variance "
+                "d_k = %d. Large scores push the softmax into saturation: one weight near 1, "
+                "the others near 0, and the gradients vanish (the demonstration at the end "
+                "shows it). Dividing by sqrt(d_k) = %.2f divides the variance by d_k = %d, "
+                "whatever d_k is: scaled scores have variance about 1.",
+                dk, dk, root, dk);
+    }
+    if (count >= 2 && dk > 1) {
+        const double vs = sample_var(e->scores, count);
+        const double vq = sample_var_f(e->q, e->lq * dk), vk = sample_var_f(e->k, e->lk * dk);
+        const double pred = dk * vq * vk;
+        const int not_one = vq < 0.5 || vq > 2.0 || vk < 0.5 || vk > 2.0;
+        char predicted[128], after[96];
+        xp_glue(predicted, sizeof predicted, "d_k x var(q) x var(k) = %d x %.3g x %.3g = %.4g", dk,
+                vq, vk, pred);
+        xp_glue(after, sizeof after, "%.4g / %d = %.4g", vs, dk, vs / dk);
+        xp_para(&e->out, 0, 0,
+                "On these very numbers: the %d raw scores have sample variance %.4g. The "
+                "entries of Q and K have variances %.3g and %.3g here%s%s, so the argument "
+                "predicts %s; %d scores are a small sample, so expect rough agreement only. "
+                "After scaling the variance is %s: the factor d_k is gone, and what is left "
+                "comes from the size of q and k themselves%s.",
+                count, vs, vq, vk, not_one ? ", not 1" : "",
+                e->generated ? " (each entry is itself a sum of d_model products of X and W)" : "",
+                predicted, count, after,
+                e->generated ? " (in a trained transformer, normalisation layers keep them "
+                               "near 1)"
+                             : "");
+        if (vs / dk > 4.0)
+            xp_para(&e->out, 0, 0,
+                    "With a variance of %.3g the scaled scores still lie several units apart, "
+                    "so the weights below come out close to one-hot.",
+                    vs / dk);
+    }
+    /* The scaled scores before any mask: the mask step shows them again, with -inf. */
+    double unmasked[MAX_L * MAX_L];
+    for (int t = 0; t < count; t++)
+        unmasked[t] = e->scores[t] / root;
+    xp_grid(&e->out, "scaled = scores / sqrt(d_k)", unmasked, e->lq, e->lk, XP_AUTO, "q", "k", 0,
+            NULL);
+}
+
+static void step_mask(explain *e) {
+    int hidden = 0;
+    for (int i = 0; i < e->lq; i++)
+        for (int j = 0; j < e->lk; j++)
+            hidden += !visible(e, i, j);
+    xp_heading(&e->out, ++e->step, "The causal mask: no peeking at the future");
+    xp_para(&e->out, 0, 0,
+            "A token must not see the future. In a decoder, token i is produced before "
+            "tokens i+1, i+2, ... exist, so query i may look only at keys j <= i. Every "
+            "entry above the diagonal (j > i) becomes -inf; since exp(-inf) = 0, those keys "
+            "will get weight exactly 0 and the visible keys share all of it. (Some code "
+            "writes -1e9 instead of -inf: the same effect in practice.)%s",
+            e->lq != e->lk ? " With a different number of queries and keys, query i lines "
+                             "up with key i (top-left alignment, like PyTorch's is_causal)."
+                           : "");
+    const int last = e->lq - 1, seen = (last < e->lk - 1 ? last : e->lk - 1);
+    if (hidden == 0)
+        xp_para(&e->out, 0, 0,
+                "Here there is only one key, and every query may see it: nothing is masked.");
+    else if (last == 0)
+        xp_para(&e->out, 0, 0, "Here %d of the %d entries %s masked: row 0 sees only k0.", hidden,
+                e->lq * e->lk, hidden == 1 ? "is" : "are");
+    else
+        xp_para(&e->out, 0, 0,
+                "Here %d of the %d entries %s masked: row 0 sees only k0, row %d sees k0 to "
+                "k%d.",
+                hidden, e->lq * e->lk, hidden == 1 ? "is" : "are", last, seen);
+    xp_grid(&e->out, "masked scaled scores", e->scaled, e->lq, e->lk, XP_AUTO, "q", "k", 0, NULL);
+}
+
+static void step_softmax(explain *e, int r) {
+    const int lk = e->lk;
+    xp_heading(&e->out, ++e->step, "Softmax, row by row: scores become weights");
+    xp_para(&e->out, 0, 0,
+            "Each row becomes a probability distribution over the keys:\n"
+            "  weights[i, j] = exp(s_ij - m_i) / sum_j exp(s_ij - m_i),\n"
+            "where s is the %sscaled score and m_i the largest score of row i. Subtracting "
+            "m_i changes nothing (it cancels in the division) but keeps exp() from "
+            "overflowing. Entry [i, j] is the share of token i's attention that goes to "
+            "token j: every weight is >= 0 and each row sums to 1.",
+            e->causal ? "masked " : "");
+
+    /* One row in full: the scores, the shift, the exponentials, the division. */
+    const double *s = e->scaled + r * lk;
+    double m = -INFINITY, sum = 0.0, ex[MAX_L], shifted[MAX_L];
+    for (int j = 0; j < lk; j++)
+        m = s[j] > m ? s[j] : m;
+    for (int j = 0; j < lk; j++) {
+        shifted[j] = s[j] - m;
+        ex[j] = exp(shifted[j]);
+        sum += ex[j];
+    }
+    xp_para(&e->out, 0, 0, "Row %d worked out (its largest score is m_%d = %s):", r, r,
+            xp_cell(m, xp_style(s, lk)));
+    const double *rows[4] = {s, shifted, ex, e->w + r * lk};
+    const char *labels[4] = {"s", "s - m", "exp", "weight"};
+    const xp_fmt fmts[4] = {XP_AUTO, XP_AUTO, XP_EXP, XP_FIXED3};
+    xp_row_table(&e->out, rows, labels, fmts, 4, lk);
+
+    xp_sum total;
+    char label[32];
+    snprintf(label, sizeof label, "sum of exp = ");
+    xp_sum_begin(&total, label);
+    for (int j = 0; j < lk; j++)
+        if (visible(e, r, j))
+            xp_sum_term(&total, ex[j], XP_EXP);
+    const int top = xp_argmax(e->w + r * lk, lk);
+    char example[96];
+    if (total.terms > 1) /* "1.0000 = 1.0000" would say nothing */
+        xp_sum_end(&total, sum, XP_FIXED4);
+    xp_sum_print(&e->out, &total);
+    xp_para(&e->out, 0, 0, "and each weight is its exp divided by that sum, e.g. %s.",
+            xp_glue(example, sizeof example, "weights[%d, %d] = %s / %.4f = %.3f", r, top,
+                    xp_cell(ex[top], XP_EXP), sum, e->w[r * lk + top]));
+
+    double sums[MAX_L];
+    for (int i = 0; i < e->lq; i++) {
+        sums[i] = 0.0;
+        for (int j = 0; j < lk; j++)
+            sums[i] += e->w[i * lk + j];
+    }
+    xp_para(&e->out, 0, 0, "All the weights%s, and each row's sum%s:",
+            e->out.color ? ", the largest of each row highlighted" : "",
+            e->causal ? " (a masked key's weight is exactly 0 and prints as 0; 0.000 is a "
+                        "weight that merely rounds to zero)"
+                      : "");
+    xp_grid(&e->out, e->causal ? "weights = softmax(masked scaled)" : "weights = softmax(scaled)",
+            e->w, e->lq, lk, XP_FIXED3, "q", "k", 1, sums);
+}
+
+static void step_output(explain *e, int r) {
+    const int lk = e->lk, dv = e->dv;
+    xp_heading(&e->out, ++e->step, "The output: a weighted sum of the values");
+    xp_para(&e->out, 0, 0,
+            "Token i's output is a blend of the value vectors, mixed in the proportions of "
+            "its weights: out[i] = sum_j weights[i, j] * v_j. Entry [i, f] is feature f of "
+            "that blend. Because each row of weights sums to 1, out[i] is a weighted "
+            "average of the values: a row that puts nearly all its weight on one key "
+            "nearly copies that key's value.");
+    const double *wr = e->w + r * lk;
+    /* Masked keys drop out. With many keys, so do the weights that print as 0.000: sixteen
+     * terms of which ten read "0.000 x v5" would hide the few that matter. */
+    int shown[MAX_L], n_shown = 0, n_tiny = 0;
+    for (int j = 0; j < lk; j++) {
+        if (!visible(e, r, j))
+            continue;
+        if (lk > 8 && wr[j] < 0.0005)
+            n_tiny++;
+        else
+            shown[n_shown++] = j;
+    }
+    xp_sum comb;
+    char label[64];
+    snprintf(label, sizeof label, "out[%d] = ", r);
+    xp_sum_begin(&comb, label);
+    for (int t = 0; t < n_shown; t++)
+        xp_sum_weighted(&comb, wr[shown[t]], "v", shown[t]);
+    xp_sum_end(&comb, 0.0, XP_NONE);
+    xp_para(&e->out, 0, 0, "Row %d, the row worked out in the softmax step:", r);
+    xp_sum_print(&e->out, &comb);
+
+    const xp_fmt vstyle = xp_style_f(e->v, lk * dv);
+    snprintf(label, sizeof label, "out[%d, 0] = ", r);
+    xp_sum feat;
+    xp_sum_begin(&feat, label);
+    for (int t = 0; t < n_shown; t++)
+        xp_sum_product(&feat, wr[shown[t]], XP_FIXED3, (double)e->v[shown[t] * dv], vstyle);
+    xp_sum_end(&feat, e->o[r * dv], xp_style(e->o, e->lq * dv));
+    xp_para(&e->out, 0, 0, "Its first feature, number by number:");
+    xp_sum_print(&e->out, &feat);
+    if (n_tiny)
+        xp_para(&e->out, 0, 0,
+                "(Left out above: the %d key%s whose weight rounds to 0.000; they count in "
+                "the result, but too little to show.)",
+                n_tiny, n_tiny == 1 ? "" : "s");
+    const int top = xp_argmax(wr, lk);
+    if (wr[top] > 0.9 && lk > 1 && top == r)
+        xp_para(&e->out, 0, 0,
+                "With %.3f of its weight on key %d, out[%d] is almost exactly v%d: token %d "
+                "mostly keeps its own value.",
+                wr[top], top, r, top, r);
+    else if (wr[top] > 0.9 && lk > 1)
+        xp_para(&e->out, 0, 0,
+                "With %.3f of its weight on key %d, out[%d] is almost exactly v%d: token %d "
+                "has, in effect, looked up token %d and copied its value.",
+                wr[top], top, r, top, r, top);
+    xp_grid(&e->out, "out = weights V", e->o, e->lq, dv, XP_AUTO, "o", NULL, 0, NULL);
+}
+
+/* Compares the step-by-step result with the library's. Returns CLI_OK if they agree. */
+static int step_check(explain *e) {
+    static float lw[MAX_L * MAX_L], lo[MAX_L * MAX_D];
+    xp_heading(&e->out, ++e->step, "The check: the library's fused kernel");
+    sdpa_ctx *ctx;
+    sdpa_status st = sdpa_ctx_create(NULL, &ctx);
+    if (st != SDPA_OK) {
+        fprintf(stderr, "sdpa explain: cannot create a context: %s\n", sdpa_status_str(st));
+        return CLI_RUNTIME;
+    }
+    sdpa_tensor tq = sdpa_tensor_bhld(e->q, SDPA_F32, 1, 1, e->lq, e->dk);
+    sdpa_tensor tk = sdpa_tensor_bhld(e->k, SDPA_F32, 1, 1, e->lk, e->dk);
+    sdpa_tensor tv = sdpa_tensor_bhld(e->v, SDPA_F32, 1, 1, e->lk, e->dv);
+    sdpa_tensor tw = sdpa_tensor_bhld(lw, SDPA_F32, 1, 1, e->lq, e->lk);
+    sdpa_tensor to = sdpa_tensor_bhld(lo, SDPA_F32, 1, 1, e->lq, e->dv);
+    sdpa_params p = {0};
+    p.causal = e->causal;
+    p.align = SDPA_ALIGN_TOP_LEFT;
+    if (sdpa_weights(ctx, &tq, &tk, &p, &tw) != SDPA_OK ||
+        sdpa_forward(ctx, &tq, &tk, &tv, &p, &to, NULL) != SDPA_OK) {
+        fprintf(stderr, "sdpa explain: %s\n", sdpa_ctx_last_error(ctx));
+        sdpa_ctx_destroy(ctx);
+        return CLI_RUNTIME;
+    }
+    const char *isa = sdpa_isa_name(sdpa_ctx_isa(ctx));
+    sdpa_ctx_destroy(ctx);
+
+    double dw = 0.0, dout = 0.0, big = 1.0;
+    for (int t = 0; t < e->lq * e->lk; t++) {
+        const double d = fabs((double)lw[t] - e->w[t]);
+        dw = d > dw || isnan(d) ? d : dw;
+    }
+    for (int t = 0; t < e->lq * e->dv; t++) {
+        const double d = fabs((double)lo[t] - e->o[t]);
+        dout = d > dout || isnan(d) ? d : dout;
+        big = fabs(e->o[t]) > big ? fabs(e->o[t]) : big;
+    }
+    xp_para(
+        &e->out, 0, 0,
+        "The library computes the same thing without ever storing the weights: "
+        "sdpa_forward runs over tiles of keys with an online softmax, in float32, with "
+        "the kernels chosen for this CPU (%s). sdpa_weights returns the weights for inspection. "
+        "Same inputs, compared with the step-by-step numbers above (computed in double):",
+        isa);
+    xp_para(&e->out, 2, 4,
+            "weights: max |sdpa_weights - step by step| = %.2e\n"
+            "output:  max |sdpa_forward - step by step| = %.2e",
+            dw, dout);
+    /* float32 keeps about 7 significant digits; a few roundings per entry stay far below
+     * 1e-5 of the largest output. */
+    const int ok = dw <= 1e-5 && dout <= 1e-5 * big;
+    if (ok)
+        xp_para(&e->out, 0, 0,
+                "They agree to float32 rounding: the fused kernel computes exactly "
+                "softmax(Q\x01K^T\x01/\x01sqrt(d_k))\x01V."); /* \x01: never split */
+    else
+        xp_para(&e->out, 0, 0,
+                "They DO NOT agree: this is a bug in the library, please report it with "
+                "the command line above.");
+    return ok ? CLI_OK : CLI_RUNTIME;
+}
+
+/* The seeds' demonstration, through sdpa_weights: a single query [1] against three keys of
+ * dimension 1 makes the scores equal to the keys times the scale we choose. */
+static int why_scale(explain *e) {
+    xp_heading(&e->out, 0, "Why scale? The softmax of small and of large scores");
+    sdpa_ctx *ctx;
+    if (sdpa_ctx_create(NULL, &ctx) != SDPA_OK) {
+        fprintf(stderr, "sdpa explain: cannot create a context\n");
+        return CLI_RUNTIME;
+    }
+    static float one[1] = {1.0f};
+    static float small[3] = {2.0f, 1.0f, 0.5f}, huge[3] = {200.0f, 100.0f, 50.0f};
+    float res[3][3];
+    const float *keys[3] = {small, huge, huge};
+    const float scales[3] = {1.0f, 1.0f, 0.01f};
+    for (int c = 0; c < 3; c++) {
+        sdpa_tensor tq = sdpa_tensor_bhld(one, SDPA_F32, 1, 1, 1, 1);
+        sdpa_tensor tk = sdpa_tensor_bhld((void *)keys[c], SDPA_F32, 1, 1, 3, 1);
+        sdpa_tensor tw = sdpa_tensor_bhld(res[c], SDPA_F32, 1, 1, 1, 3);
+        sdpa_params p = {0};
+        p.scale = scales[c];
+        if (sdpa_weights(ctx, &tq, &tk, &p, &tw) != SDPA_OK) {
+            fprintf(stderr, "sdpa explain: %s\n", sdpa_ctx_last_error(ctx));
+            sdpa_ctx_destroy(ctx);
+            return CLI_RUNTIME;
+        }
+    }
+    sdpa_ctx_destroy(ctx);
+    xp_para(&e->out, 0, 0,
+            "Three rows of scores with the same order, through sdpa_weights (a query [1] "
+            "against keys that are the scores). PyTorch's F.softmax prints the same: "
+            "[0.6285, 0.2312, 0.1402] and [1.0, 3.78e-44, 0.0].");
+    const char *names[3] = {"softmax([2, 1, 0.5])", "softmax([200, 100, 50])",
+                            "softmax([200, 100, 50] / 100)"};
+    const char *notes[3] = {"a soft mix", "one-hot", "soft again"};
+    char vals[3][64];
+    for (int c = 0; c < 3; c++)
+        snprintf(vals[c], sizeof vals[c], "[%s, %s, %s]", xp_cell(res[c][0], XP_PROB),
+                 xp_cell(res[c][1], XP_PROB), xp_cell(res[c][2], XP_PROB));
+    /* Aligned in columns: names, values, notes. */
+    int wn = 0, wv = 0;
+    for (int c = 0; c < 3; c++) {
+        wn = (int)strlen(names[c]) > wn ? (int)strlen(names[c]) : wn;
+        wv = (int)strlen(vals[c]) > wv ? (int)strlen(vals[c]) : wv;
+    }
+    for (int c = 0; c < 3; c++)
+        printf("  %-*s = %-*s  %s\n", wn, names[c], wv, vals[c], notes[c]);
+    putchar('\n');
+    xp_para(&e->out, 0, 0,
+            "Same order, very different distributions. Large scores make the softmax "
+            "all-or-nothing: the winner takes everything (exp(-100) = 3.7e-44 is at the "
+            "very edge of what float32 can hold, exp(-150) underflows to 0), the model "
+            "looks at one token only, and the losers get no gradient to learn from. "
+            "Scaling the same scores down, here by 100, in attention by sqrt(d_k), brings "
+            "back a soft mix, and gradients can flow.");
+    return CLI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Entry point                                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+int cli_explain(int argc, char **argv) {
+    static explain e; /* ~7 KB of matrices: static keeps the stack small */
+    memset(&e, 0, sizeof e);
+    int n = 4, d = 8, no_color = 0, have_n = 0, have_d = 0, have_seed = 0;
+    e.seed = 42;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage, stdout);
+            return CLI_OK;
+        }
+        if (strcmp(a, "--causal") == 0) {
+            e.causal = 1;
+            continue;
+        }
+        if (strcmp(a, "--no-color") == 0 || strcmp(a, "--no-colour") == 0) {
+            no_color = 1;
+            continue;
+        }
+        const int takes = strcmp(a, "--n") == 0 || strcmp(a, "--d") == 0 ||
+                          strcmp(a, "--seed") == 0 || strcmp(a, "--q") == 0 ||
+                          strcmp(a, "--k") == 0 || strcmp(a, "--v") == 0;
+        if (!takes)
+            return usage_error("unknown option '%s'%s", a, "");
+        if (i + 1 >= argc)
+            return usage_error("%s needs a value%s", a, "");
+        const char *val = argv[++i];
+        if (strcmp(a, "--n") == 0) {
+            if (parse_count(val, 1, MAX_L, &n) != 0)
+                return usage_error("--n wants a number of tokens from 1 to 16, not '%s'%s", val,
+                                   "");
+            have_n = 1;
+        } else if (strcmp(a, "--d") == 0) {
+            if (parse_count(val, 1, MAX_D, &d) != 0)
+                return usage_error("--d wants a dimension from 1 to 16, not '%s'%s", val, "");
+            have_d = 1;
+        } else if (strcmp(a, "--seed") == 0) {
+            if (parse_seed(val, &e.seed) != 0)
+                return usage_error("--seed wants a whole number >= 0, not '%s'%s", val, "");
+            have_seed = 1;
+        } else if (strcmp(a, "--q") == 0) {
+            e.qname = val;
+        } else if (strcmp(a, "--k") == 0) {
+            e.kname = val;
+        } else {
+            e.vname = val;
+        }
+    }
+    const int files = (e.qname != NULL) + (e.kname != NULL) + (e.vname != NULL);
+    if (files > 0 && files < 3)
+        return usage_error("--q, --k and --v go together: %s is missing%s",
+                           !e.qname   ? "--q"
+                           : !e.kname ? "--k"
+                                      : "--v",
+                           "");
+    if (files == 3 && (have_n || have_d || have_seed))
+        return usage_error("--n, --d and --seed make random inputs; they do not mix with "
+                           "--q/--k/--v%s%s",
+                           "", "");
+
+    e.generated = files == 0;
+    if (e.generated) {
+        e.lq = n;
+        e.n_model = d;
+        generate_inputs(&e);
+    } else {
+        const int rc = load_user_inputs(&e);
+        if (rc != CLI_OK)
+            return rc;
+    }
+    xp_out_init(&e.out, no_color);
+    compute(&e);
+
+    xp_title(&e.out, "Scaled dot-product attention, step by step");
+    xp_para(&e.out, 4, 4, "Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V");
+    if (e.generated)
+        xp_para(&e.out, 0, 0,
+                "%d token%s, d_model = %d, seed %llu%s: the numbers PyTorch draws after "
+                "torch.manual_seed(%llu), so you can follow along in a notebook. Every "
+                "number below is computed here, step by step, in double precision; the "
+                "last step checks them against the library.",
+                e.lq, e.lq == 1 ? "" : "s", e.n_model, e.seed, e.causal ? ", causal" : "", e.seed);
+    else
+        xp_para(&e.out, 0, 0,
+                "Your own arrays%s. Every number below is computed here, step by step, in "
+                "double precision; the last step checks them against the library.",
+                e.causal ? ", causal" : "");
+
+    const int r = most_spread_row(&e);
+    step_inputs(&e);
+    step_scores(&e);
+    step_scale(&e);
+    if (e.causal)
+        step_mask(&e);
+    step_softmax(&e, r);
+    step_output(&e, r);
+    int rc = step_check(&e);
+    if (rc == CLI_OK || rc == CLI_RUNTIME) {
+        const int rc2 = why_scale(&e);
+        rc = rc != CLI_OK ? rc : rc2;
+    }
+    xp_para(&e.out, 0, 0,
+            "That is all of it:\n\n    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V\n\nTry "
+            "--causal, --n 8 --d 16, another --seed, or your own arrays with --q/--k/--v.");
+    fflush(stdout);
+    return rc;
+}
