@@ -3,6 +3,7 @@
 #   make          release build of the library and the sdpa command
 #   make test     build everything, run all tests (release, then ASan+UBSan, then TSan)
 #   make demo     the worked example, step by step
+#   make memcheck the unit tests under valgrind; make fuzz: the libFuzzer targets
 #   make bench    time the forward at the quick shapes (PRESET=full for the target shapes;
 #                 BENCH_ARGS="--threads 2 --json out.json" passes options to sdpa bench)
 #   make install  PREFIX=/usr/local (DESTDIR honoured)
@@ -19,7 +20,7 @@ BENCH_ARGS ?=
 
 TSAN_BUILD ?= build-tsan
 
-.PHONY: all build test test-release test-asan test-tsan demo bench install format clean
+.PHONY: all build test test-release test-asan test-tsan memcheck demo bench install format clean fuzz
 
 all: build
 
@@ -43,6 +44,10 @@ test-asan:
 test-tsan:
 	bash tests/tsan/run_tsan.sh $(TSAN_BUILD)
 
+# The unit suite under valgrind memcheck (tests/valgrind/run_memcheck.sh; AVX2 kernels).
+memcheck: build
+	bash tests/valgrind/run_memcheck.sh $(BUILD)
+
 demo: build
 	./$(BUILD)/cli/sdpa demo
 
@@ -51,6 +56,25 @@ bench: build
 
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# The .npy fuzz targets (tests/fuzz/) under libFuzzer with ASan+UBSan, FUZZ_SECONDS each; new
+# inputs go to $(FUZZ_BUILD)/corpus-*, the committed seeds in tests/fuzz/corpus/ are only read.
+# -max_len reaches past the 64 KiB header limit (libFuzzer still favours short inputs).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD   ?= build-fuzz
+fuzz:
+	mkdir -p $(FUZZ_BUILD)/corpus-npy_header $(FUZZ_BUILD)/corpus-npy_load
+	for t in npy_header npy_load; do \
+	  $(FUZZ_CC) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
+	    -D_POSIX_C_SOURCE=200809L -Iinclude -Icli tests/fuzz/fuzz_$$t.c cli/npy.c \
+	    cli/atomic_file.c -o $(FUZZ_BUILD)/fuzz_$$t || exit 1; \
+	done
+	for t in npy_header npy_load; do \
+	  ./$(FUZZ_BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=140000 \
+	    -dict=tests/fuzz/npy.dict -artifact_prefix=$(FUZZ_BUILD)/ \
+	    $(FUZZ_BUILD)/corpus-$$t tests/fuzz/corpus/$$t || exit 1; \
+	done
 
 format:
 	clang-format -i $$(git ls-files -co --exclude-standard '*.c' '*.h')

@@ -15,8 +15,11 @@ static const char usage[] =
     "\n"
     "commands:\n"
     "  demo      the 4-token worked example, step by step, through the library\n"
-    "  info      the CPU features detected and the kernels chosen\n"
+    "  explain   attention taught step by step on small examples, yours or random\n"
+    "  run       attention on your .npy arrays, with every option of the library\n"
+    "  heatmap   draw attention weights saved as .npy as a PNG heatmap\n"
     "  bench     time sdpa_forward against this machine's measured FMA peak\n"
+    "  info      the CPU features detected and the kernels chosen\n"
     "  version   print the library version\n"
     "  help      this text\n"
     "\n"
@@ -31,6 +34,12 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "demo") == 0)
         return cli_demo(argc - 2, argv + 2);
+    if (strcmp(cmd, "explain") == 0)
+        return cli_explain(argc - 2, argv + 2);
+    if (strcmp(cmd, "heatmap") == 0)
+        return cli_heatmap(argc - 2, argv + 2);
+    if (strcmp(cmd, "run") == 0)
+        return cli_run(argc - 2, argv + 2);
     if (strcmp(cmd, "info") == 0)
         return cli_info(argc - 2, argv + 2);
     if (strcmp(cmd, "bench") == 0)

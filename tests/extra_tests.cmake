@@ -15,3 +15,19 @@ endif()
 if(SDPA_BUILD_CLI)
   add_test(NAME test_bench COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_bench.sh $<TARGET_FILE:sdpa>)
 endif()
+# The committed fuzz corpora replayed through the fuzz targets with a plain main()
+# (tests/fuzz/replay.c), so every build, the ASan one included, runs them without libFuzzer.
+# `make fuzz` runs the same targets under libFuzzer.
+if(SDPA_BUILD_CLI)
+  foreach(t npy_header npy_load)
+    add_executable(fuzz_replay_${t} ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/replay.c
+                   ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_${t}.c)
+    target_link_libraries(fuzz_replay_${t} PRIVATE sdpa_cli_io)
+    target_compile_options(fuzz_replay_${t} PRIVATE ${SDPA_WARNINGS})
+    add_test(NAME fuzz_replay_${t} COMMAND fuzz_replay_${t} ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus/${t})
+  endforeach()
+endif()
+# `sdpa explain` shows the seeds' numbers, fits 80 columns, and fails cleanly (test_explain.sh).
+if(SDPA_BUILD_CLI)
+  add_test(NAME test_explain COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_explain.sh $<TARGET_FILE:sdpa>)
+endif()

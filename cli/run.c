@@ -1,0 +1,511 @@
+/*
+ * run.c — `sdpa run`: attention on the user's own .npy arrays, with every parameter of the
+ * library's contract on the command line, writing the output (and, on request, the
+ * log-sum-exp, the attention weights and a heatmap of them) as .npy / .png files.
+ *
+ * Arrays of rank 2 (L, D), 3 (H, L, D) or 4 (B, H, L, D) are aligned on the right, as numpy
+ * broadcasts; a mask of rank 1 to 4 likewise (shape (..., Lq, Lk)). Everything is checked and
+ * computed before the first file is written, and each file is written through a temporary
+ * file renamed at the end, so an error never leaves a partial file behind.
+ */
+#include "cli.h"
+#include "heatmap.h"
+#include "npy.h"
+
+#include "sdpa.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char usage[] =
+    "usage: sdpa run --q Q.npy --k K.npy --v V.npy [options]\n"
+    "\n"
+    "Computes softmax(Q K^T * scale + bias) V on .npy arrays and writes the output.\n"
+    "Q is (Lq, Dk), (Hq, Lq, Dk) or (B, Hq, Lq, Dk); K is (.., Hkv, Lk, Dk) and V\n"
+    "(.., Hkv, Lk, Dv) of the same rank; Hq must be a multiple of Hkv (grouped-query\n"
+    "attention). dtypes: <f4, <f2 (and bfloat16 stored as <V2/<u2 with --dtype bf16).\n"
+    "\n"
+    "inputs:\n"
+    "  --q FILE, --k FILE, --v FILE   the queries, keys and values (required)\n"
+    "  --mask FILE          bool (|b1, True = may attend) or additive (<f4/<f2) mask whose\n"
+    "                       shape broadcasts to (B, Hq, Lq, Lk), aligned on the right\n"
+    "  --dtype bf16         read 2-byte raw arrays (<V2, <u2) as bfloat16\n"
+    "\n"
+    "parameters:\n"
+    "  --causal [top-left|bottom-right]  hide keys after the query's aligned position;\n"
+    "                       top-left (default) is PyTorch's is_causal, bottom-right aligns\n"
+    "                       the last query with the last key (KV-cache decoding)\n"
+    "  --align top-left|bottom-right    alignment for --window without --causal\n"
+    "  --window L,R         key j visible to query i iff i+off-L <= j <= i+off+R; -1 leaves\n"
+    "                       a side open (off = 0 top-left, Lk-Lq bottom-right)\n"
+    "  --scale S            scores are scale * q.k (default 1/sqrt(Dk))\n"
+    "  --softcap C          scores become C * tanh(s / C)\n"
+    "  --alibi              ALiBi with the standard slopes for Hq heads\n"
+    "  --alibi-slopes FILE  ALiBi with the Hq slopes in FILE (<f4, rank 1)\n"
+    "  --threads N          threads (default: all cores)\n"
+    "\n"
+    "outputs (each written to a temporary file and renamed; nothing on error):\n"
+    "  --out FILE           the output, shape (.., Hq, Lq, Dv), dtype of Q\n"
+    "  --lse FILE           the log-sum-exp of each row, (.., Hq, Lq), <f4\n"
+    "  --weights FILE       the attention weights, (.., Hq, Lq, Lk), <f4\n"
+    "  --heatmap FILE.png   a picture of the weights (all heads of batch element 0)\n"
+    "  --head H             with --heatmap: only head H\n"
+    "\n"
+    "Without any output option the output is printed (small arrays) or summarised.\n"
+    "Exit codes: 0 success, 1 runtime error (files, memory), 2 usage error.\n";
+
+typedef struct run_args {
+    const char *q, *k, *v, *mask, *slopes, *out, *lse, *weights, *heatmap;
+    int bf16, alibi, threads;
+    int64_t head;
+    sdpa_params p;
+} run_args;
+
+/* One loaded input: the array and its 4-d view. */
+typedef struct input {
+    const char *path;
+    npy_array a;
+    sdpa_tensor t;
+} input;
+
+static int usage_error(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+static int usage_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "sdpa run: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (try 'sdpa run --help')\n");
+    va_end(ap);
+    return CLI_USAGE;
+}
+
+static int parse_int64(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    const long long x = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0')
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out) {
+    char *end;
+    errno = 0;
+    const float x = strtof(s, &end);
+    if (errno != 0 || end == s || *end != '\0' || !isfinite(x))
+        return -1;
+    *out = x;
+    return 0;
+}
+
+static int parse_align(const char *s, sdpa_align *out) {
+    if (strcmp(s, "top-left") == 0)
+        *out = SDPA_ALIGN_TOP_LEFT;
+    else if (strcmp(s, "bottom-right") == 0)
+        *out = SDPA_ALIGN_BOTTOM_RIGHT;
+    else
+        return -1;
+    return 0;
+}
+
+/* @return CLI_OK, CLI_USAGE (message printed), or -1 for --help (usage printed). */
+static int parse_args(int argc, char **argv, run_args *a) {
+    memset(a, 0, sizeof *a);
+    a->head = -1;
+    for (int i = 0; i < argc; i++) {
+        const char *opt = argv[i];
+        if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
+            fputs(usage, stdout);
+            return -1;
+        }
+        if (strcmp(opt, "--alibi") == 0) {
+            a->alibi = 1;
+            continue;
+        }
+        if (strcmp(opt, "--causal") == 0) {
+            a->p.causal = 1;
+            if (i + 1 < argc && parse_align(argv[i + 1], &a->p.align) == 0)
+                i++;
+            continue;
+        }
+        static const char *const with_value[] = {
+            "--q",      "--k",       "--v",       "--mask",         "--dtype",   "--align",
+            "--window", "--scale",   "--softcap", "--alibi-slopes", "--threads", "--out",
+            "--lse",    "--weights", "--heatmap", "--head"};
+        int known = 0;
+        for (size_t n = 0; n < sizeof with_value / sizeof with_value[0]; n++)
+            known |= strcmp(opt, with_value[n]) == 0;
+        if (!known)
+            return usage_error("unknown option '%s'", opt);
+        if (i + 1 >= argc)
+            return usage_error("%s needs a value", opt);
+        const char *val = argv[++i];
+        if (strcmp(opt, "--q") == 0)
+            a->q = val;
+        else if (strcmp(opt, "--k") == 0)
+            a->k = val;
+        else if (strcmp(opt, "--v") == 0)
+            a->v = val;
+        else if (strcmp(opt, "--mask") == 0)
+            a->mask = val;
+        else if (strcmp(opt, "--alibi-slopes") == 0)
+            a->slopes = val;
+        else if (strcmp(opt, "--out") == 0)
+            a->out = val;
+        else if (strcmp(opt, "--lse") == 0)
+            a->lse = val;
+        else if (strcmp(opt, "--weights") == 0)
+            a->weights = val;
+        else if (strcmp(opt, "--heatmap") == 0)
+            a->heatmap = val;
+        else if (strcmp(opt, "--dtype") == 0) {
+            if (strcmp(val, "bf16") != 0)
+                return usage_error("--dtype %s: only bf16 can be asked for (f32 and f16 are "
+                                   "read from the files)",
+                                   val);
+            a->bf16 = 1;
+        } else if (strcmp(opt, "--align") == 0) {
+            if (parse_align(val, &a->p.align) != 0)
+                return usage_error("--align %s: expected top-left or bottom-right", val);
+        } else if (strcmp(opt, "--window") == 0) {
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", val);
+            char *comma = strchr(buf, ',');
+            if (comma == NULL)
+                return usage_error("--window %s: expected L,R (e.g. 128,0; -1 = open)", val);
+            *comma = '\0';
+            if (parse_int64(buf, &a->p.window_left) != 0 ||
+                parse_int64(comma + 1, &a->p.window_right) != 0 || a->p.window_left < -1 ||
+                a->p.window_right < -1)
+                return usage_error("--window %s: L and R must be integers >= -1", val);
+            a->p.use_window = 1;
+        } else if (strcmp(opt, "--scale") == 0) {
+            if (parse_float(val, &a->p.scale) != 0 || a->p.scale == 0.0f)
+                return usage_error("--scale %s: expected a finite, non-zero number", val);
+        } else if (strcmp(opt, "--softcap") == 0) {
+            if (parse_float(val, &a->p.softcap) != 0 || a->p.softcap <= 0.0f)
+                return usage_error("--softcap %s: expected a positive number", val);
+        } else if (strcmp(opt, "--threads") == 0) {
+            int64_t n;
+            if (parse_int64(val, &n) != 0 || n < 0 || n > SDPA_MAX_THREADS)
+                return usage_error("--threads %s: expected 0 (all cores) to 1024", val);
+            a->threads = (int)n;
+        } else if (strcmp(opt, "--head") == 0) {
+            if (parse_int64(val, &a->head) != 0 || a->head < 0)
+                return usage_error("--head %s: expected a head index >= 0", val);
+        }
+    }
+    if (a->q == NULL || a->k == NULL || a->v == NULL)
+        return usage_error("--q, --k and --v are required");
+    if (a->alibi && a->slopes != NULL)
+        return usage_error("--alibi and --alibi-slopes exclude each other");
+    if (a->head >= 0 && a->heatmap == NULL)
+        return usage_error("--head only applies to --heatmap");
+    return CLI_OK;
+}
+
+/* "(2, 7, 64)" */
+static void shape_str(const npy_array *a, char *buf, size_t len) {
+    size_t at = (size_t)snprintf(buf, len, "(");
+    for (int d = 0; d < a->ndim && at < len; d++)
+        at += (size_t)snprintf(buf + at, len - at, d ? ", %lld" : "%lld", (long long)a->shape[d]);
+    if (at < len)
+        snprintf(buf + at, len - at, a->ndim == 1 ? ",)" : ")");
+}
+
+/* Loads an input and views it as 4-d, aligned on the right. */
+static int load_input(input *in, const char *path, int bf16, int min_rank, const char *what) {
+    char err[512];
+    in->path = path;
+    if (npy_load(path, bf16, &in->a, err, sizeof err) != 0) {
+        fprintf(stderr, "sdpa run: %s\n", err);
+        return CLI_RUNTIME;
+    }
+    if (in->a.ndim < min_rank || in->a.ndim > 4) {
+        char s[128];
+        shape_str(&in->a, s, sizeof s);
+        fprintf(stderr, "sdpa run: %s: %s has rank %d, shape %s; expected rank %d to 4\n", path,
+                what, in->a.ndim, s, min_rank);
+        return CLI_RUNTIME;
+    }
+    int64_t shape[4] = {1, 1, 1, 1};
+    for (int d = 0; d < in->a.ndim; d++)
+        shape[4 - in->a.ndim + d] = in->a.shape[d];
+    in->t = sdpa_tensor_bhld(in->a.data, in->a.dtype, shape[0], shape[1], shape[2], shape[3]);
+    return CLI_OK;
+}
+
+/* Q, K and V must have the same rank and agree where they must; the message names both files
+ * and both shapes. */
+static int check_shapes(const input *q, const input *k, const input *v) {
+    const input *pair[3][2] = {{k, q}, {v, k}, {v, q}};
+    for (int n = 0; n < 3; n++) {
+        const input *a = pair[n][0], *b = pair[n][1];
+        char sa[128], sb[128], why[160] = "";
+        shape_str(&a->a, sa, sizeof sa);
+        shape_str(&b->a, sb, sizeof sb);
+        if (a->a.ndim != b->a.ndim)
+            snprintf(why, sizeof why, "the ranks differ (%d and %d)", a->a.ndim, b->a.ndim);
+        else if (n == 0 && a->t.shape[3] != b->t.shape[3])
+            snprintf(why, sizeof why, "the last dimensions (d_k) differ");
+        else if (n == 1 && a->t.shape[2] != b->t.shape[2])
+            snprintf(why, sizeof why, "the key lengths (second to last) differ");
+        else if (n == 1 && a->t.shape[1] != b->t.shape[1])
+            snprintf(why, sizeof why, "the numbers of heads differ");
+        else if (a->t.shape[0] != b->t.shape[0])
+            snprintf(why, sizeof why, "the batch sizes differ");
+        else if (n == 0 && b->t.shape[1] % a->t.shape[1] != 0)
+            snprintf(why, sizeof why,
+                     "the query heads (%lld) are not a multiple of the key heads (%lld)",
+                     (long long)b->t.shape[1], (long long)a->t.shape[1]);
+        if (why[0] != '\0') {
+            fprintf(stderr, "sdpa run: %s has shape %s but %s has shape %s: %s\n", a->path, sa,
+                    b->path, sb, why);
+            return CLI_RUNTIME;
+        }
+    }
+    return CLI_OK;
+}
+
+/* ALiBi's standard slopes (Press et al.): for n = 2^floor(log2 H) heads 2^(-8i/n), i = 1..n;
+ * the remaining H - n heads take every other slope of the 2n-head sequence. */
+static void standard_slopes(int64_t h, float *slopes) {
+    int64_t n = 1;
+    while (n * 2 <= h)
+        n *= 2;
+    for (int64_t i = 0; i < n; i++)
+        slopes[i] = (float)pow(2.0, -8.0 * (double)(i + 1) / (double)n);
+    for (int64_t i = 0; i < h - n; i++)
+        slopes[n + i] = (float)pow(2.0, -8.0 * (double)(2 * i + 1) / (double)(2 * n));
+}
+
+/* Fails early, before any work, if an output's directory cannot take a new file. */
+static int check_writable(const char *path) {
+    if (path == NULL)
+        return CLI_OK;
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    const char *dir = dirname(buf);
+    if (access(dir, W_OK) != 0) {
+        fprintf(stderr, "sdpa run: %s: cannot write in %s: %s\n", path, dir, strerror(errno));
+        return CLI_RUNTIME;
+    }
+    return CLI_OK;
+}
+
+/* The shape of an output: Q's leading dimensions, then `last` (0 = drop the last). */
+static int out_shape(const input *q, int64_t last, int64_t *shape) {
+    int nd = q->a.ndim;
+    for (int d = 0; d < nd; d++)
+        shape[d] = q->a.shape[d];
+    if (last == 0)
+        return nd - 1;
+    shape[nd - 1] = last;
+    return nd;
+}
+
+/* Prints a small output, or a summary of a large one, when no output file was asked for. */
+static void print_result(const float *o, int64_t rows, int64_t cols, const input *q) {
+    char s[128];
+    npy_array shown = q->a;
+    shown.shape[shown.ndim - 1] = cols;
+    shape_str(&shown, s, sizeof s);
+    printf("output %s (rows of Dv; --out FILE saves it):\n", s);
+    const int64_t max_rows = 16, max_cols = 8;
+    for (int64_t r = 0; r < rows && r < max_rows; r++) {
+        printf("  [");
+        for (int64_t c = 0; c < cols && c < max_cols; c++)
+            printf("%s%9.4f", c ? " " : "", (double)o[r * cols + c]);
+        printf("%s ]\n", cols > max_cols ? " ..." : "");
+    }
+    if (rows > max_rows)
+        printf("  ... %lld more rows\n", (long long)(rows - max_rows));
+}
+
+int cli_run(int argc, char **argv) {
+    run_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != CLI_OK)
+        return rc < 0 ? CLI_OK : rc;
+    const char *outs[] = {a.out, a.lse, a.weights, a.heatmap};
+    for (size_t n = 0; n < 4; n++)
+        if ((rc = check_writable(outs[n])) != CLI_OK)
+            return rc;
+
+    input q = {0}, k = {0}, v = {0}, mask = {0}, sl = {0};
+    float *slopes = NULL, *o32 = NULL, *lse = NULL, *w = NULL;
+    void *out = NULL;
+    sdpa_ctx *ctx = NULL;
+    rc = CLI_RUNTIME;
+    if (load_input(&q, a.q, a.bf16, 2, "the queries") || load_input(&k, a.k, a.bf16, 2, "keys") ||
+        load_input(&v, a.v, a.bf16, 2, "values") || check_shapes(&q, &k, &v))
+        goto done;
+    const sdpa_dtype dts[3] = {q.a.dtype, k.a.dtype, v.a.dtype};
+    const char *paths[3] = {a.q, a.k, a.v};
+    for (int n = 0; n < 3; n++)
+        if (dts[n] == SDPA_BOOL) {
+            fprintf(stderr, "sdpa run: %s: bool arrays are for --mask; Q, K, V are <f4 or <f2\n",
+                    paths[n]);
+            goto done;
+        }
+    const int64_t B = q.t.shape[0], Hq = q.t.shape[1], Lq = q.t.shape[2];
+    const int64_t Lk = k.t.shape[2], Dv = v.t.shape[3];
+    if (a.mask != NULL) {
+        if (load_input(&mask, a.mask, 0, 1, "the mask"))
+            goto done;
+        const int64_t want[4] = {B, Hq, Lq, Lk};
+        for (int d = 0; d < 4; d++)
+            if (mask.t.shape[d] != 1 && mask.t.shape[d] != want[d]) {
+                char s[128];
+                shape_str(&mask.a, s, sizeof s);
+                fprintf(stderr,
+                        "sdpa run: %s has shape %s, which does not broadcast to (B, Hq, Lq, Lk) "
+                        "= (%lld, %lld, %lld, %lld) from %s and %s\n",
+                        a.mask, s, (long long)B, (long long)Hq, (long long)Lq, (long long)Lk, a.q,
+                        a.k);
+                goto done;
+            }
+        a.p.mask = &mask.t;
+    }
+    if (a.alibi || a.slopes != NULL) {
+        slopes = malloc((size_t)Hq * sizeof *slopes);
+        if (slopes == NULL)
+            goto nomem;
+        if (a.alibi) {
+            standard_slopes(Hq, slopes);
+        } else {
+            if (load_input(&sl, a.slopes, 0, 1, "the slopes"))
+                goto done;
+            if (sl.a.ndim != 1 || sl.a.dtype != SDPA_F32 || sl.a.shape[0] != Hq) {
+                char s[128];
+                shape_str(&sl.a, s, sizeof s);
+                fprintf(stderr,
+                        "sdpa run: %s has shape %s (%s); expected (%lld,) <f4: one slope "
+                        "per query head of %s\n",
+                        a.slopes, s, sdpa_dtype_name(sl.a.dtype), (long long)Hq, a.q);
+                goto done;
+            }
+            memcpy(slopes, sl.a.data, (size_t)Hq * sizeof *slopes);
+        }
+        a.p.alibi_slopes = slopes;
+    }
+    if (a.head >= Hq) {
+        fprintf(stderr, "sdpa run: --head %lld: %s has %lld heads\n", (long long)a.head, a.q,
+                (long long)Hq);
+        rc = CLI_USAGE;
+        goto done;
+    }
+
+    sdpa_ctx_params cp = {0};
+    cp.n_threads = a.threads;
+    sdpa_status st = sdpa_ctx_create(&cp, &ctx);
+    if (st != SDPA_OK) {
+        fprintf(stderr, "sdpa run: cannot create a context: %s\n", sdpa_status_str(st));
+        goto done;
+    }
+    const size_t n_out = (size_t)(B * Hq * Lq * Dv), n_rows = (size_t)(B * Hq * Lq);
+    out = malloc(n_out * sdpa_dtype_size(q.a.dtype));
+    lse = malloc(n_rows * sizeof *lse);
+    if (out == NULL || lse == NULL)
+        goto nomem;
+    sdpa_tensor to = sdpa_tensor_bhld(out, q.a.dtype, B, Hq, Lq, Dv);
+    sdpa_tensor tl = sdpa_tensor_bhld(lse, SDPA_F32, B, Hq, Lq, 1);
+    st = sdpa_forward(ctx, &q.t, &k.t, &v.t, &a.p, &to, &tl);
+    if (st == SDPA_OK && (a.weights != NULL || a.heatmap != NULL)) {
+        if ((double)n_rows * (double)Lk * 4.0 > 4e9) {
+            fprintf(stderr,
+                    "sdpa run: the weights would take %.1f GB (%lld x %lld per head); "
+                    "ask for them on a shorter sequence\n",
+                    (double)n_rows * (double)Lk * 4e-9, (long long)Lq, (long long)Lk);
+            goto done;
+        }
+        w = malloc(n_rows * (size_t)Lk * sizeof *w);
+        if (w == NULL)
+            goto nomem;
+        sdpa_tensor tw = sdpa_tensor_bhld(w, SDPA_F32, B, Hq, Lq, Lk);
+        st = sdpa_weights(ctx, &q.t, &k.t, &a.p, &tw);
+    }
+    if (st != SDPA_OK) {
+        fprintf(stderr, "sdpa run: %s: %s\n", sdpa_status_str(st), sdpa_ctx_last_error(ctx));
+        goto done;
+    }
+
+    /* everything is computed: now the files */
+    char err[512];
+    int64_t shape[4];
+    int nd;
+    if (a.out != NULL) {
+        nd = out_shape(&q, Dv, shape);
+        if (npy_save(a.out, q.a.dtype, nd, shape, out, err, sizeof err) != 0)
+            goto save_failed;
+    }
+    if (a.lse != NULL) {
+        nd = out_shape(&q, 0, shape);
+        if (npy_save(a.lse, SDPA_F32, nd, shape, lse, err, sizeof err) != 0)
+            goto save_failed;
+    }
+    if (a.weights != NULL) {
+        nd = out_shape(&q, Lk, shape);
+        if (npy_save(a.weights, SDPA_F32, nd, shape, w, err, sizeof err) != 0)
+            goto save_failed;
+    }
+    if (a.heatmap != NULL) {
+        char title[512], sub[256];
+        snprintf(title, sizeof title, "attention weights %s x %s", a.q, a.k);
+        snprintf(sub, sizeof sub, "%s%s%s%s", a.p.causal ? "causal " : "",
+                 a.p.causal || a.p.use_window
+                     ? (a.p.align == SDPA_ALIGN_BOTTOM_RIGHT ? "bottom-right " : "top-left ")
+                     : "",
+                 a.mask != NULL ? "masked " : "", a.alibi || a.slopes ? "ALiBi" : "");
+        heatmap_opts ho = heatmap_opts_default();
+        ho.head = a.head;
+        ho.title = title;
+        ho.subtitle = sub[0] != '\0' ? sub : NULL;
+        if (heatmap_write_png(a.heatmap, w, B, Hq, Lq, Lk, &ho, err, sizeof err) != 0)
+            goto save_failed;
+    }
+    if (a.out == NULL && a.lse == NULL && a.weights == NULL && a.heatmap == NULL) {
+        if (q.a.dtype == SDPA_F32) {
+            print_result(out, (int64_t)n_rows, Dv, &q);
+        } else {
+            o32 = malloc(n_out * sizeof *o32);
+            sdpa_tensor t32 = sdpa_tensor_bhld(o32, SDPA_F32, B, Hq, Lq, Dv);
+            if (o32 == NULL || sdpa_forward(ctx, &q.t, &k.t, &v.t, &a.p, &t32, NULL) != SDPA_OK)
+                goto nomem;
+            print_result(o32, (int64_t)n_rows, Dv, &q);
+        }
+    }
+    rc = CLI_OK;
+    goto done;
+
+save_failed:
+    fprintf(stderr, "sdpa run: %s\n", err);
+    goto done;
+nomem:
+    fprintf(stderr, "sdpa run: out of memory\n");
+done:
+    sdpa_ctx_destroy(ctx);
+    npy_free(&q.a);
+    npy_free(&k.a);
+    npy_free(&v.a);
+    npy_free(&mask.a);
+    npy_free(&sl.a);
+    free(slopes);
+    free(out);
+    free(o32);
+    free(lse);
+    free(w);
+    return rc;
+}
