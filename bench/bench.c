@@ -9,6 +9,7 @@
  * fresh context whose allocator hooks count bytes, so the extra memory is exact (for what the
  * library allocates through its context) and no shape inherits the scratch of another.
  */
+#include "../cli/args.h"
 #include "../cli/cli.h"
 #include "bench.h"
 
@@ -129,34 +130,6 @@ typedef struct options {
     bench_isa peak_isa;
 } options;
 
-static int usage_error(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-
-static int usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("sdpa bench: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (try --help)\n", stderr);
-    va_end(ap);
-    return CLI_USAGE;
-}
-
-static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (s == NULL || *s == '\0')
-        return -1;
-    char *end;
-    errno = 0;
-    const long long v = strtoll(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = (int64_t)v;
-    return 0;
-}
-
 /* Parses one field of a --shape, up to the next comma. @return the position after it. */
 static const char *shape_field(const char *p, char *buf, size_t cap) {
     size_t n = strcspn(p, ",");
@@ -180,14 +153,14 @@ static int parse_shape(const char *spec, bench_shape *s) {
     char *slash = strpbrk(f[1], "/:");
     if (slash != NULL) {
         *slash = '\0';
-        if (parse_i64(slash + 1, 1, SDPA_MAX_EXTENT, &hkv) != 0)
+        if (cli_parse_int(slash + 1, 1, SDPA_MAX_EXTENT, &hkv) != 0)
             return -1;
     }
-    if (parse_i64(f[0], 1, SDPA_MAX_EXTENT, &s->b) != 0 ||
-        parse_i64(f[1], 1, SDPA_MAX_EXTENT, &s->hq) != 0 ||
-        parse_i64(f[2], 1, SDPA_MAX_EXTENT, &s->lq) != 0 ||
-        parse_i64(f[3], 1, SDPA_MAX_EXTENT, &s->lk) != 0 ||
-        parse_i64(f[4], 1, SDPA_MAX_HEAD_DIM, &s->d) != 0)
+    if (cli_parse_int(f[0], 1, SDPA_MAX_EXTENT, &s->b) != 0 ||
+        cli_parse_int(f[1], 1, SDPA_MAX_EXTENT, &s->hq) != 0 ||
+        cli_parse_int(f[2], 1, SDPA_MAX_EXTENT, &s->lq) != 0 ||
+        cli_parse_int(f[3], 1, SDPA_MAX_EXTENT, &s->lk) != 0 ||
+        cli_parse_int(f[4], 1, SDPA_MAX_HEAD_DIM, &s->d) != 0)
         return -1;
     s->hkv = slash != NULL ? hkv : s->hq;
     if (s->hq % s->hkv != 0)
@@ -206,22 +179,6 @@ static int parse_shape(const char *spec, bench_shape *s) {
     return 0;
 }
 
-/* Accepts "--opt VALUE" and "--opt=VALUE". @return 1 if argv[*i] is opt (its value in
- * *val, NULL if missing), 0 otherwise. */
-static int option_value(int argc, char **argv, int *i, const char *opt, const char **val) {
-    const size_t n = strlen(opt);
-    if (strncmp(argv[*i], opt, n) != 0)
-        return 0;
-    if (argv[*i][n] == '=') {
-        *val = argv[*i] + n + 1;
-        return 1;
-    }
-    if (argv[*i][n] != '\0')
-        return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
-}
-
 /* @return -1 to continue, or the exit code (0 after --help, 2 on a usage error). */
 static int parse_options(int argc, char **argv, options *o) {
     memset(o, 0, sizeof *o);
@@ -235,42 +192,47 @@ static int parse_options(int argc, char **argv, options *o) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(help, stdout);
             return CLI_OK;
-        } else if (option_value(argc, argv, &i, "--preset", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--preset", &v)) {
             if (v == NULL || (strcmp(v, "quick") != 0 && strcmp(v, "full") != 0))
-                return usage_error("--preset wants quick or full, got '%s'", v ? v : "");
+                return cli_usage_error("bench", "--preset wants quick or full, got '%s'",
+                                       v ? v : "");
             o->preset = v;
-        } else if (option_value(argc, argv, &i, "--shape", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--shape", &v)) {
             if (o->n_shapes == MAX_SHAPES)
-                return usage_error("at most %d --shape options", MAX_SHAPES);
+                return cli_usage_error("bench", "at most %d --shape options", MAX_SHAPES);
             if (v == NULL || parse_shape(v, &o->shapes[o->n_shapes]) != 0)
-                return usage_error("--shape wants B,H,Lq,Lk,D[,none|causal|causal-br] with H "
-                                   "= Hq or Hq/Hkv (Hq a multiple of Hkv), got '%s'",
-                                   v ? v : "");
+                return cli_usage_error("bench",
+                                       "--shape wants B,H,Lq,Lk,D[,none|causal|causal-br] with H "
+                                       "= Hq or Hq/Hkv (Hq a multiple of Hkv), got '%s'",
+                                       v ? v : "");
             o->n_shapes++;
-        } else if (option_value(argc, argv, &i, "--threads", &v)) {
-            if (parse_i64(v, 0, SDPA_MAX_THREADS, &n) != 0)
-                return usage_error("--threads wants an integer in 0..%d, got '%s'",
-                                   SDPA_MAX_THREADS, v ? v : "");
+        } else if (cli_option_value(argc, argv, &i, "--threads", &v)) {
+            if (cli_parse_int(v, 0, SDPA_MAX_THREADS, &n) != 0)
+                return cli_usage_error("bench", "--threads wants an integer in 0..%d, got '%s'",
+                                       SDPA_MAX_THREADS, v ? v : "");
             o->n_threads = (int)n;
-        } else if (option_value(argc, argv, &i, "--json", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--json", &v)) {
             if (v == NULL || *v == '\0')
-                return usage_error("--json wants a file name");
+                return cli_usage_error("bench", "--json wants a file name");
             o->json = v;
-        } else if (option_value(argc, argv, &i, "--reps", &v)) {
-            if (parse_i64(v, 1, 1000000, &n) != 0)
-                return usage_error("--reps wants an integer in 1..1000000, got '%s'", v ? v : "");
+        } else if (cli_option_value(argc, argv, &i, "--reps", &v)) {
+            if (cli_parse_int(v, 1, 1000000, &n) != 0)
+                return cli_usage_error("bench", "--reps wants an integer in 1..1000000, got '%s'",
+                                       v ? v : "");
             o->reps = (int)n;
-        } else if (option_value(argc, argv, &i, "--warmup", &v)) {
-            if (parse_i64(v, 0, 1000000, &n) != 0)
-                return usage_error("--warmup wants an integer in 0..1000000, got '%s'", v ? v : "");
+        } else if (cli_option_value(argc, argv, &i, "--warmup", &v)) {
+            if (cli_parse_int(v, 0, 1000000, &n) != 0)
+                return cli_usage_error("bench", "--warmup wants an integer in 0..1000000, got '%s'",
+                                       v ? v : "");
             o->warmup = (int)n;
-        } else if (option_value(argc, argv, &i, "--min-time", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--min-time", &v)) {
             char *end = NULL;
             const double t = v != NULL ? strtod(v, &end) : -1.0;
             if (v == NULL || *v == '\0' || *end != '\0' || !(t >= 0.0 && t <= 1e6))
-                return usage_error("--min-time wants seconds in 0..1e6, got '%s'", v ? v : "");
+                return cli_usage_error("bench", "--min-time wants seconds in 0..1e6, got '%s'",
+                                       v ? v : "");
             o->min_time = t;
-        } else if (option_value(argc, argv, &i, "--peak-isa", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--peak-isa", &v)) {
             if (v != NULL && strcmp(v, "auto") == 0)
                 o->peak_isa = BENCH_ISA_AUTO;
             else if (v != NULL && strcmp(v, "avx512") == 0)
@@ -280,10 +242,11 @@ static int parse_options(int argc, char **argv, options *o) {
             else if (v != NULL && strcmp(v, "generic") == 0)
                 o->peak_isa = BENCH_ISA_GENERIC;
             else
-                return usage_error("--peak-isa wants auto, avx512, avx2 or generic, got '%s'",
-                                   v ? v : "");
+                return cli_usage_error("bench",
+                                       "--peak-isa wants auto, avx512, avx2 or generic, got '%s'",
+                                       v ? v : "");
         } else {
-            return usage_error("unknown option '%s'", argv[i]);
+            return cli_usage_error("bench", "unknown option '%s'", argv[i]);
         }
     }
     return -1;

@@ -5,6 +5,7 @@
  * weights and the output come from the library's public API (sdpa_weights, sdpa_forward);
  * the scores are computed here, by hand, because showing them is the point of the lesson.
  */
+#include "args.h"
 #include "cli.h"
 #include "torch_rng.h"
 
@@ -86,8 +87,7 @@ int cli_demo(int argc, char **argv) {
                  "their row sums) and the output, then times one larger call.");
             return CLI_OK;
         }
-        fprintf(stderr, "sdpa demo: unknown option '%s' (try --help)\n", argv[i]);
-        return CLI_USAGE;
+        return cli_usage_error("demo", "unknown option '%s'", argv[i]);
     }
 
     float x[N * DM], wq[DM * DM], wk[DM * DM], wv[DM * DM];

@@ -11,6 +11,7 @@
  * point; the library is called only at the end, as the thing being checked. The layout code
  * (80-column tables and word-wrapped prose, colour only on a terminal) is in explain_print.c.
  */
+#include "args.h"
 #include "cli.h"
 #include "explain_print.h"
 #include "npy.h"
@@ -88,26 +89,6 @@ typedef struct explain {
 /* ---------------------------------------------------------------------------------------- */
 /* Options and inputs                                                                        */
 /* ---------------------------------------------------------------------------------------- */
-
-static int usage_error(const char *msg, const char *a, const char *b) {
-    fprintf(stderr, "sdpa explain: ");
-    fprintf(stderr, msg, a, b);
-    fprintf(stderr, " (try 'sdpa explain --help')\n");
-    return CLI_USAGE;
-}
-
-/* A whole decimal number in [lo, hi]; no sign tricks, no trailing characters. */
-static int parse_count(const char *s, int lo, int hi, int *out) {
-    if (*s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    char *end;
-    const long val = strtol(s, &end, 10);
-    if (errno != 0 || *end != '\0' || val < lo || val > hi)
-        return -1;
-    *out = (int)val;
-    return 0;
-}
 
 static int parse_seed(const char *s, unsigned long long *out) {
     if (*s < '0' || *s > '9')
@@ -735,22 +716,30 @@ int cli_explain(int argc, char **argv) {
                           strcmp(a, "--seed") == 0 || strcmp(a, "--q") == 0 ||
                           strcmp(a, "--k") == 0 || strcmp(a, "--v") == 0;
         if (!takes)
-            return usage_error("unknown option '%s'%s", a, "");
+            return cli_usage_error("explain", "unknown option '%s'", a);
         if (i + 1 >= argc)
-            return usage_error("%s needs a value%s", a, "");
+            return cli_usage_error("explain", "%s needs a value", a);
         const char *val = argv[++i];
         if (strcmp(a, "--n") == 0) {
-            if (parse_count(val, 1, MAX_L, &n) != 0)
-                return usage_error("--n wants a number of tokens from 1 to 16, not '%s'%s", val,
-                                   "");
+            int64_t x;
+            if (cli_parse_int(val, 1, MAX_L, &x) != 0)
+                return cli_usage_error("explain",
+                                       "--n wants a number of tokens from 1 to 16, "
+                                       "not '%s'",
+                                       val);
+            n = (int)x;
             have_n = 1;
         } else if (strcmp(a, "--d") == 0) {
-            if (parse_count(val, 1, MAX_D, &d) != 0)
-                return usage_error("--d wants a dimension from 1 to 16, not '%s'%s", val, "");
+            int64_t x;
+            if (cli_parse_int(val, 1, MAX_D, &x) != 0)
+                return cli_usage_error("explain", "--d wants a dimension from 1 to 16, not '%s'",
+                                       val);
+            d = (int)x;
             have_d = 1;
         } else if (strcmp(a, "--seed") == 0) {
             if (parse_seed(val, &e.seed) != 0)
-                return usage_error("--seed wants a whole number >= 0, not '%s'%s", val, "");
+                return cli_usage_error("explain", "--seed wants a whole number >= 0, not '%s'",
+                                       val);
             have_seed = 1;
         } else if (strcmp(a, "--q") == 0) {
             e.qname = val;
@@ -762,15 +751,13 @@ int cli_explain(int argc, char **argv) {
     }
     const int files = (e.qname != NULL) + (e.kname != NULL) + (e.vname != NULL);
     if (files > 0 && files < 3)
-        return usage_error("--q, --k and --v go together: %s is missing%s",
-                           !e.qname   ? "--q"
-                           : !e.kname ? "--k"
-                                      : "--v",
-                           "");
+        return cli_usage_error("explain", "--q, --k and --v go together: %s is missing",
+                               !e.qname   ? "--q"
+                               : !e.kname ? "--k"
+                                          : "--v");
     if (files == 3 && (have_n || have_d || have_seed))
-        return usage_error("--n, --d and --seed make random inputs; they do not mix with "
-                           "--q/--k/--v%s%s",
-                           "", "");
+        return cli_usage_error("explain", "--n, --d and --seed make random inputs; they do not "
+                                          "mix with --q/--k/--v");
 
     e.generated = files == 0;
     if (e.generated) {

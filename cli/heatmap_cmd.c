@@ -4,6 +4,7 @@
  * (a file that cannot be read or written), 2 usage error (options, or options that do not
  * fit the array, such as a head it does not have).
  */
+#include "args.h"
 #include "cli.h"
 #include "heatmap.h"
 #include "npy.h"
@@ -41,87 +42,49 @@ static const char heatmap_usage[] =
     "The title also gives the shape (B, H, Lq, Lk) and which batch element and head.\n"
     "Exit codes: 0 success, 1 runtime error, 2 usage error.\n";
 
-static int usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("sdpa heatmap: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (try --help)\n", stderr);
-    va_end(ap);
-    return CLI_USAGE;
-}
-
-/* Accepts "--opt VALUE" and "--opt=VALUE". @return 1 if argv[*i] is opt (its value in *val,
- * NULL when missing), else 0. */
-static int option_value(int argc, char **argv, int *i, const char *opt, const char **val) {
-    const size_t n = strlen(opt);
-    if (strncmp(argv[*i], opt, n) != 0)
-        return 0;
-    if (argv[*i][n] == '=') {
-        *val = argv[*i] + n + 1;
-        return 1;
-    }
-    if (argv[*i][n] != '\0')
-        return 0;
-    *val = *i + 1 < argc ? argv[++*i] : NULL;
-    return 1;
-}
-
-/* A whole decimal number in [lo, hi]. @return 0, or -1. */
-static int parse_int(const char *s, long long lo, long long hi, long long *out) {
-    if (s == NULL || *s == '\0')
-        return -1;
-    char *end;
-    errno = 0;
-    const long long v = strtoll(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 int cli_heatmap(int argc, char **argv) {
     const char *weights = NULL, *out = NULL, *title = NULL, *subtitle = NULL, *v;
-    long long head = -1, batch = 0, max_cells = HEATMAP_DEFAULT_CELLS;
+    int64_t head = -1, batch = 0, max_cells = HEATMAP_DEFAULT_CELLS;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             fputs(heatmap_usage, stdout);
             return CLI_OK;
-        } else if (option_value(argc, argv, &i, "--weights", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--weights", &v)) {
             if (v == NULL || *v == '\0')
-                return usage_error("--weights needs a file");
+                return cli_usage_error("heatmap", "--weights needs a file");
             weights = v;
-        } else if (option_value(argc, argv, &i, "--out", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--out", &v)) {
             if (v == NULL || *v == '\0')
-                return usage_error("--out needs a file");
+                return cli_usage_error("heatmap", "--out needs a file");
             out = v;
-        } else if (option_value(argc, argv, &i, "--head", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--head", &v)) {
             if (v != NULL && strcmp(v, "all") == 0)
                 head = -1;
-            else if (parse_int(v, 0, INT64_MAX, &head) != 0)
-                return usage_error("--head needs a head number >= 0 or 'all', not '%s'",
-                                   v ? v : "");
-        } else if (option_value(argc, argv, &i, "--batch", &v)) {
-            if (parse_int(v, 0, INT64_MAX, &batch) != 0)
-                return usage_error("--batch needs a number >= 0, not '%s'", v ? v : "");
-        } else if (option_value(argc, argv, &i, "--title", &v)) {
+            else if (cli_parse_int(v, 0, INT64_MAX, &head) != 0)
+                return cli_usage_error(
+                    "heatmap", "--head needs a head number >= 0 or 'all', not '%s'", v ? v : "");
+        } else if (cli_option_value(argc, argv, &i, "--batch", &v)) {
+            if (cli_parse_int(v, 0, INT64_MAX, &batch) != 0)
+                return cli_usage_error("heatmap", "--batch needs a number >= 0, not '%s'",
+                                       v ? v : "");
+        } else if (cli_option_value(argc, argv, &i, "--title", &v)) {
             if (v == NULL)
-                return usage_error("--title needs a text");
+                return cli_usage_error("heatmap", "--title needs a text");
             title = v;
-        } else if (option_value(argc, argv, &i, "--subtitle", &v)) {
+        } else if (cli_option_value(argc, argv, &i, "--subtitle", &v)) {
             if (v == NULL)
-                return usage_error("--subtitle needs a text");
+                return cli_usage_error("heatmap", "--subtitle needs a text");
             subtitle = v;
-        } else if (option_value(argc, argv, &i, "--max-cells", &v)) {
-            if (parse_int(v, 1, HEATMAP_MAX_SIDE, &max_cells) != 0)
-                return usage_error("--max-cells needs a number in [1, %d], not '%s'",
-                                   HEATMAP_MAX_SIDE, v ? v : "");
+        } else if (cli_option_value(argc, argv, &i, "--max-cells", &v)) {
+            if (cli_parse_int(v, 1, HEATMAP_MAX_SIDE, &max_cells) != 0)
+                return cli_usage_error("heatmap", "--max-cells needs a number in [1, %d], not '%s'",
+                                       HEATMAP_MAX_SIDE, v ? v : "");
         } else {
-            return usage_error("unknown option '%s'", argv[i]);
+            return cli_usage_error("heatmap", "unknown option '%s'", argv[i]);
         }
     }
     if (weights == NULL || out == NULL)
-        return usage_error("--weights and --out are required");
+        return cli_usage_error("heatmap", "--weights and --out are required");
 
     char err[1024];
     npy_array a;
@@ -154,16 +117,18 @@ int cli_heatmap(int argc, char **argv) {
         goto done;
     }
     if (batch >= shape[0] || head >= shape[1]) {
-        rc = usage_error("%s has shape (B, H, Lq, Lk) = (%lld, %lld, %lld, %lld): no %s %lld",
-                         weights, (long long)shape[0], (long long)shape[1], (long long)shape[2],
-                         (long long)shape[3], batch >= shape[0] ? "batch" : "head",
-                         batch >= shape[0] ? batch : head);
+        rc = cli_usage_error("heatmap",
+                             "%s has shape (B, H, Lq, Lk) = (%lld, %lld, %lld, %lld): no %s %lld",
+                             weights, (long long)shape[0], (long long)shape[1], (long long)shape[2],
+                             (long long)shape[3], batch >= shape[0] ? "batch" : "head",
+                             (long long)(batch >= shape[0] ? batch : head));
         goto done;
     }
     if (head < 0 && shape[1] > HEATMAP_MAX_PANELS) {
-        rc = usage_error("%s has %lld heads, too many for one grid (at most %d): choose one "
-                         "with --head",
-                         weights, (long long)shape[1], HEATMAP_MAX_PANELS);
+        rc = cli_usage_error("heatmap",
+                             "%s has %lld heads, too many for one grid (at most %d): choose one "
+                             "with --head",
+                             weights, (long long)shape[1], HEATMAP_MAX_PANELS);
         goto done;
     }
 

@@ -1,6 +1,7 @@
 /*
  * info.c — `sdpa info`: what the library detected and chose on this machine.
  */
+#include "args.h"
 #include "cli.h"
 
 #include "sdpa.h"
@@ -17,8 +18,7 @@ int cli_info(int argc, char **argv) {
                  "instruction-set level chosen, the thread count and the kernels.");
             return CLI_OK;
         }
-        fprintf(stderr, "sdpa info: unknown option '%s' (try --help)\n", argv[i]);
-        return CLI_USAGE;
+        return cli_usage_error("info", "unknown option '%s'", argv[i]);
     }
     sdpa_ctx *ctx;
     sdpa_status st = sdpa_ctx_create(NULL, &ctx);

@@ -8,6 +8,7 @@
  * computed before the first file is written, and each file is written through a temporary
  * file renamed at the end, so an error never leaves a partial file behind.
  */
+#include "args.h"
 #include "cli.h"
 #include "heatmap.h"
 #include "npy.h"
@@ -17,7 +18,6 @@
 #include <errno.h>
 #include <libgen.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,42 +74,6 @@ typedef struct input {
     sdpa_tensor t;
 } input;
 
-static int usage_error(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-
-static int usage_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "sdpa run: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, " (try 'sdpa run --help')\n");
-    va_end(ap);
-    return CLI_USAGE;
-}
-
-static int parse_int64(const char *s, int64_t *out) {
-    char *end;
-    errno = 0;
-    const long long x = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0')
-        return -1;
-    *out = (int64_t)x;
-    return 0;
-}
-
-static int parse_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    const float x = strtof(s, &end);
-    if (errno != 0 || end == s || *end != '\0' || !isfinite(x))
-        return -1;
-    *out = x;
-    return 0;
-}
-
 static int parse_align(const char *s, sdpa_align *out) {
     if (strcmp(s, "top-left") == 0)
         *out = SDPA_ALIGN_TOP_LEFT;
@@ -148,9 +112,9 @@ static int parse_args(int argc, char **argv, run_args *a) {
         for (size_t n = 0; n < sizeof with_value / sizeof with_value[0]; n++)
             known |= strcmp(opt, with_value[n]) == 0;
         if (!known)
-            return usage_error("unknown option '%s'", opt);
+            return cli_usage_error("run", "unknown option '%s'", opt);
         if (i + 1 >= argc)
-            return usage_error("%s needs a value", opt);
+            return cli_usage_error("run", "%s needs a value", opt);
         const char *val = argv[++i];
         if (strcmp(opt, "--q") == 0)
             a->q = val;
@@ -172,47 +136,50 @@ static int parse_args(int argc, char **argv, run_args *a) {
             a->heatmap = val;
         else if (strcmp(opt, "--dtype") == 0) {
             if (strcmp(val, "bf16") != 0)
-                return usage_error("--dtype %s: only bf16 can be asked for (f32 and f16 are "
-                                   "read from the files)",
-                                   val);
+                return cli_usage_error("run",
+                                       "--dtype %s: only bf16 can be asked for (f32 and f16 are "
+                                       "read from the files)",
+                                       val);
             a->bf16 = 1;
         } else if (strcmp(opt, "--align") == 0) {
             if (parse_align(val, &a->p.align) != 0)
-                return usage_error("--align %s: expected top-left or bottom-right", val);
+                return cli_usage_error("run", "--align %s: expected top-left or bottom-right", val);
         } else if (strcmp(opt, "--window") == 0) {
             char buf[64];
             snprintf(buf, sizeof buf, "%s", val);
             char *comma = strchr(buf, ',');
             if (comma == NULL)
-                return usage_error("--window %s: expected L,R (e.g. 128,0; -1 = open)", val);
+                return cli_usage_error("run", "--window %s: expected L,R (e.g. 128,0; -1 = open)",
+                                       val);
             *comma = '\0';
-            if (parse_int64(buf, &a->p.window_left) != 0 ||
-                parse_int64(comma + 1, &a->p.window_right) != 0 || a->p.window_left < -1 ||
-                a->p.window_right < -1)
-                return usage_error("--window %s: L and R must be integers >= -1", val);
+            if (cli_parse_int(buf, INT64_MIN, INT64_MAX, &a->p.window_left) != 0 ||
+                cli_parse_int(comma + 1, INT64_MIN, INT64_MAX, &a->p.window_right) != 0 ||
+                a->p.window_left < -1 || a->p.window_right < -1)
+                return cli_usage_error("run", "--window %s: L and R must be integers >= -1", val);
             a->p.use_window = 1;
         } else if (strcmp(opt, "--scale") == 0) {
-            if (parse_float(val, &a->p.scale) != 0 || a->p.scale == 0.0f)
-                return usage_error("--scale %s: expected a finite, non-zero number", val);
+            if (cli_parse_float(val, &a->p.scale) != 0 || a->p.scale == 0.0f)
+                return cli_usage_error("run", "--scale %s: expected a finite, non-zero number",
+                                       val);
         } else if (strcmp(opt, "--softcap") == 0) {
-            if (parse_float(val, &a->p.softcap) != 0 || a->p.softcap <= 0.0f)
-                return usage_error("--softcap %s: expected a positive number", val);
+            if (cli_parse_float(val, &a->p.softcap) != 0 || a->p.softcap <= 0.0f)
+                return cli_usage_error("run", "--softcap %s: expected a positive number", val);
         } else if (strcmp(opt, "--threads") == 0) {
             int64_t n;
-            if (parse_int64(val, &n) != 0 || n < 0 || n > SDPA_MAX_THREADS)
-                return usage_error("--threads %s: expected 0 (all cores) to 1024", val);
+            if (cli_parse_int(val, INT64_MIN, INT64_MAX, &n) != 0 || n < 0 || n > SDPA_MAX_THREADS)
+                return cli_usage_error("run", "--threads %s: expected 0 (all cores) to 1024", val);
             a->threads = (int)n;
         } else if (strcmp(opt, "--head") == 0) {
-            if (parse_int64(val, &a->head) != 0 || a->head < 0)
-                return usage_error("--head %s: expected a head index >= 0", val);
+            if (cli_parse_int(val, INT64_MIN, INT64_MAX, &a->head) != 0 || a->head < 0)
+                return cli_usage_error("run", "--head %s: expected a head index >= 0", val);
         }
     }
     if (a->q == NULL || a->k == NULL || a->v == NULL)
-        return usage_error("--q, --k and --v are required");
+        return cli_usage_error("run", "--q, --k and --v are required");
     if (a->alibi && a->slopes != NULL)
-        return usage_error("--alibi and --alibi-slopes exclude each other");
+        return cli_usage_error("run", "--alibi and --alibi-slopes exclude each other");
     if (a->head >= 0 && a->heatmap == NULL)
-        return usage_error("--head only applies to --heatmap");
+        return cli_usage_error("run", "--head only applies to --heatmap");
     return CLI_OK;
 }
 

@@ -1,0 +1,64 @@
+/*
+ * args.c — see args.h.
+ */
+#include "args.h"
+
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "sdpa %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (try 'sdpa %s --help')\n", cmd);
+    va_end(ap);
+    return CLI_USAGE;
+}
+
+int cli_option_value(int argc, char **argv, int *i, const char *opt, const char **val) {
+    const size_t n = strlen(opt);
+    if (strncmp(argv[*i], opt, n) != 0)
+        return 0;
+    if (argv[*i][n] == '=') {
+        *val = argv[*i] + n + 1;
+        return 1;
+    }
+    if (argv[*i][n] != '\0')
+        return 0;
+    *val = *i + 1 < argc ? argv[++*i] : NULL;
+    return 1;
+}
+
+int cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    /* strtoll would skip leading spaces and take a '+': a typo should not pass as a number */
+    if (s == NULL ||
+        !(isdigit((unsigned char)s[0]) || (s[0] == '-' && isdigit((unsigned char)s[1]))))
+        return -1;
+    char *end;
+    errno = 0;
+    const long long v = strtoll(s, &end, 10);
+    if (errno != 0 || *end != '\0' || v < lo || v > hi)
+        return -1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+int cli_parse_float(const char *s, float *out) {
+    if (s == NULL || *s == '\0' || isspace((unsigned char)s[0]))
+        return -1;
+    char *end;
+    errno = 0;
+    const float v = strtof(s, &end);
+    if (errno != 0 || *end != '\0' || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}

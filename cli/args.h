@@ -1,0 +1,29 @@
+/*
+ * args.h — what every subcommand of `sdpa` needs to read its options, in one place: usage
+ * errors in one format ("sdpa CMD: what is wrong (try 'sdpa CMD --help')", exit code 2),
+ * "--opt VALUE" and "--opt=VALUE", and strict numbers (the whole string, in range).
+ */
+#ifndef SDPA_CLI_ARGS_H
+#define SDPA_CLI_ARGS_H
+
+#include <stdint.h>
+
+/* Prints the message for subcommand cmd on stderr. @return CLI_USAGE (2). */
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* @return 1 if argv[*i] is opt, as "--opt VALUE" (then *i moves to the value) or
+ * "--opt=VALUE", with the value in *val (NULL when "--opt" is last); 0 otherwise. */
+int cli_option_value(int argc, char **argv, int *i, const char *opt, const char **val);
+
+/* A whole decimal integer in [lo, hi]: no spaces, no trailing characters, no overflow.
+ * @return 0 and sets *out, or -1 (also for NULL). */
+int cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+/* A whole finite number. @return 0 and sets *out, or -1 (also for NULL). */
+int cli_parse_float(const char *s, float *out);
+
+#endif
