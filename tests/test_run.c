@@ -112,9 +112,9 @@ static void write_inputs(void) {
     const int64_t kbad[4] = {B, HKV, LK, DK - 1};
     save("kbad.npy", SDPA_F32, 4, kbad, k.t.data);
     /* a bool mask (Lq, Lk) that leaves key 0 to everyone, an additive one (B, 1, 1, Lk) */
-    unsigned char mb[LQ * LK];
+    unsigned char mb[(LQ + 1) * LK]; /* room for the (Lq + 1, Lk) mask that must not fit */
     float ma[B * LK];
-    for (int i = 0; i < LQ * LK; i++)
+    for (int i = 0; i < (LQ + 1) * LK; i++)
         mb[i] = (unsigned char)(i % LK == 0 || (i * 7) % 3 != 0);
     for (int i = 0; i < B * LK; i++)
         ma[i] = i % 4 == 1 ? -INFINITY : 0.25f * (float)(i % 5);
