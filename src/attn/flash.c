@@ -16,9 +16,9 @@
  * depend on which thread runs it: results are bitwise identical for any n_threads.
  *
  * The contract's corner cases: hidden scores are set to -inf before the softmax, which turns
- * them into -0.0 weights; if the V tile holds a NaN or Inf, P V is done by a careful loop
- * that skips those -0.0 weights, so a hidden key never lets 0 * NaN in. A row that saw no key
- * ends with l = 0 and is written as O = 0, LSE = -inf.
+ * them into -0.0 weights; when a slice has hidden keys and its V holds a NaN or an Inf, P V is
+ * done by a careful loop that skips those -0.0 weights, so a hidden key never lets 0 * NaN in. A
+ * row that saw no key ends with l = 0 and is written as O = 0, LSE = -inf.
  */
 #include "../core/half.h"
 #include "../kernels/kernels.h"
@@ -32,18 +32,16 @@ typedef struct flash_plan {
     const sdpa__problem *p;
     const sdpa__ukernels *uk;
     sdpa_tensor *out, *lse;
-    int64_t bq;           /* query positions per task */
-    int64_t n_qb;         /* query blocks per (b, hk) */
-    int64_t rp;           /* padded row capacity: group * bq rounded up to lanes */
-    int64_t dvp;          /* row stride of the output accumulator */
-    int q_direct;         /* Q is f32 with unit feature stride: copied without conversion */
-    int k_direct;         /* K is f32 with unit feature stride: read in place */
-    int v_direct;         /* likewise V */
-    int out_direct;       /* out is f32 with unit feature stride: written without conversion */
-    int needs_post;       /* softcap, ALiBi or a mask: every tile is post-processed */
-    int64_t n_kt;         /* key tiles per (b, hk) */
-    unsigned char *v_bad; /* per (b, hk, key tile): V holds NaN or Inf there */
-    size_t per_worker;    /* floats of scratch per worker */
+    int64_t bq;        /* query positions per task */
+    int64_t n_qb;      /* query blocks per (b, hk) */
+    int64_t rp;        /* padded row capacity: group * bq rounded up to lanes */
+    int64_t dvp;       /* row stride of the output accumulator */
+    int q_direct;      /* Q is f32 with unit feature stride: copied without conversion */
+    int k_direct;      /* K is f32 with unit feature stride: read in place */
+    int v_direct;      /* likewise V */
+    int out_direct;    /* out is f32 with unit feature stride: written without conversion */
+    int needs_post;    /* softcap, ALiBi or a mask: every tile is post-processed */
+    size_t per_worker; /* floats of scratch per worker */
     float *scratch;
 } flash_plan;
 
@@ -65,32 +63,17 @@ static const float *tile_rows(const sdpa_tensor *t, int direct, int64_t b, int64
     return pack;
 }
 
-/* Pre-pass, one task per (b, hk): flags the key tiles whose V holds a NaN or an Inf, so that
- * only those take the careful P V. One read of V per call instead of one per query block. */
-static void scan_v_task(void *arg, int64_t task, int worker) {
-    flash_plan *pl = arg;
-    const sdpa__problem *p = pl->p;
-    const int64_t b = task / p->Hkv, hk = task % p->Hkv;
-    (void)worker;
-    for (int64_t t = 0; t < pl->n_kt; t++) {
-        const int64_t j1 = (t + 1) * KEY_TILE < p->Lk ? (t + 1) * KEY_TILE : p->Lk;
-        uint32_t bad = 0;
-        for (int64_t j = t * KEY_TILE; j < j1; j++) {
-            if (pl->v_direct) {
-                const float *row = (const float *)p->v.data + sdpa__offset(&p->v, b, hk, j, 0);
-                for (int64_t c = 0; c < p->Dv; c++) {
-                    uint32_t u;
-                    memcpy(&u, &row[c], sizeof u);
-                    bad |= (u & 0x7f800000u) == 0x7f800000u;
-                }
-            } else {
-                for (int64_t c = 0; c < p->Dv; c++)
-                    bad |= !isfinite(
-                        sdpa__load(p->v.data, p->v.dtype, sdpa__offset(&p->v, b, hk, j, c)));
-            }
+/* Whether rows [0, nk) of V (f32, row stride ld) hold a NaN or an Inf. Asked only of slices
+ * where the softmax hid a key, the only case where such a value could leak as 0 x NaN. */
+static int has_nonfinite(const float *v, int64_t nk, int64_t ld, int64_t d) {
+    uint32_t bad = 0;
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t c = 0; c < d; c++) {
+            uint32_t u;
+            memcpy(&u, &v[j * ld + c], sizeof u);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
         }
-        pl->v_bad[task * pl->n_kt + t] = (unsigned char)(bad != 0);
-    }
+    return bad != 0;
 }
 
 /* The rows of a task: query head and position of row r, and the keys it may see under the
@@ -217,7 +200,6 @@ static void flash_task(void *arg, int64_t task, int worker) {
         const int64_t min_rel = ja - (i0 + nq - 1 + p->off), max_rel = jb - 1 - (i0 + p->off);
         const int whole = (p->window_right < 0 || max_rel <= p->window_right) &&
                           (p->window_left < 0 || min_rel >= -p->window_left);
-        const int v_bad = pl->v_bad[(b * p->Hkv + hk) * pl->n_kt + j0 / KEY_TILE];
         /* A tile the window cuts through (the causal diagonal) goes in slices of KEY_SLICE
          * keys, each computed only for the rows that see some of it: rows are sorted by
          * position, so those are one range, and most of the hidden triangle is skipped. */
@@ -242,10 +224,10 @@ static void flash_task(void *arg, int64_t task, int worker) {
             uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
             if (!whole || pl->needs_post)
                 post_process(pl, b, &tr, r0, r1use, js, nk, whole, s0 - r0);
-            uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
+            const int hidden = uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
             const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, js, nk, p->Dv, vpack, &ldv);
             float *o0 = o + r0 * pl->dvp;
-            if (v_bad)
+            if (hidden && has_nonfinite(vt, nk, ldv, p->Dv))
                 sdpa__pv_generic(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             else
                 uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
@@ -298,15 +280,11 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.per_worker =
         (size_t)(p->Dk * pl.rp + KEY_TILE * pl.rp + pl.rp * pl.dvp + 3 * pl.rp +
                  round_up(KEY_TILE * p->Dk, 16) + round_up(KEY_TILE * p->Dv, 16) + 10 * pl.rp);
-    pl.n_kt = (p->Lk + KEY_TILE - 1) / KEY_TILE;
     const int workers = sdpa__n_workers(ctx);
-    const size_t flags = (size_t)(p->B * p->Hkv * pl.n_kt);
-    const size_t bytes = (size_t)workers * pl.per_worker * sizeof(float) + flags;
+    const size_t bytes = (size_t)workers * pl.per_worker * sizeof(float);
     pl.scratch = sdpa__alloc(ctx, bytes, 64);
     if (pl.scratch == NULL)
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash forward: no memory for %zu bytes", bytes);
-    pl.v_bad = (unsigned char *)(pl.scratch + (size_t)workers * pl.per_worker);
-    sdpa__parallel_for(ctx, p->B * p->Hkv, scan_v_task, &pl);
     sdpa__parallel_for(ctx, p->B * p->Hkv * pl.n_qb, flash_task, &pl);
     sdpa__free(ctx, pl.scratch);
     return SDPA_OK;

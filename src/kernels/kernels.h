@@ -38,9 +38,9 @@ typedef struct sdpa__ukernels {
      *   m' = max(m[r], max_j s[j][r]);  u = (m' == -inf ? 0 : m')
      *   alpha[r] = exp(m[r] - u);  s[j][r] = (s == -inf ? -0.0f : exp(s - u))
      *   l[r] = l[r] * alpha[r] + sum_j s[j][r];  m[r] = m'
-     * -0.0 marks hidden keys (exp never returns it), so that a careful P.V can skip them. */
-    void (*softmax)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
-                    float *alpha);
+     * -0.0 marks hidden keys (exp never returns it), so that a careful P.V can skip them.
+     * @return nonzero if any score was -inf (some key is hidden from some row). */
+    int (*softmax)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l, float *alpha);
     /* o[r*ldo + c] = alpha[r] * o[r*ldo + c] + sum_j p[j*ldp + r] * v[j*ldv + c]
      * for r < nr (not padded), c < dv. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,

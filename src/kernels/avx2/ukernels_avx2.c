@@ -80,9 +80,10 @@ static void qk_avx2(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t 
         qk_rows(1, nk, dk, k, ldk, qt + r, ldq, scale, s + r, lds);
 }
 
-static void softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
-                         float *alpha) {
+static int softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                        float *alpha) {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY), neg_zero = _mm256_set1_ps(-0.0f);
+    __m256 hidden = _mm256_setzero_ps();
     for (int64_t r = 0; r < nr; r += 8) {
         const __m256 m_old = _mm256_loadu_ps(m + r);
         __m256 mx = m_old;
@@ -94,8 +95,9 @@ static void softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m
         __m256 sum = _mm256_setzero_ps();
         for (int64_t j = 0; j < nk; j++) {
             const __m256 x = _mm256_loadu_ps(s + j * lds + r);
-            const __m256 p = _mm256_blendv_ps(exp256(_mm256_sub_ps(x, u)), neg_zero,
-                                              _mm256_cmp_ps(x, neg_inf, _CMP_EQ_OQ));
+            const __m256 inf = _mm256_cmp_ps(x, neg_inf, _CMP_EQ_OQ);
+            hidden = _mm256_or_ps(hidden, inf);
+            const __m256 p = _mm256_blendv_ps(exp256(_mm256_sub_ps(x, u)), neg_zero, inf);
             _mm256_storeu_ps(s + j * lds + r, p);
             sum = _mm256_add_ps(sum, p);
         }
@@ -104,6 +106,7 @@ static void softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m
         _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
         _mm256_storeu_ps(m + r, mx);
     }
+    return _mm256_movemask_ps(hidden) != 0;
 }
 
 INLINE void pv_block(int mr, int nv, __m256i last, int64_t nk, const float *p, int64_t ldp,

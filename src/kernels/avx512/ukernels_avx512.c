@@ -174,9 +174,10 @@ static void qk_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_
     }
 }
 
-static void softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
-                           float *alpha) {
+static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                          float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), neg_zero = _mm512_set1_ps(-0.0f);
+    __mmask16 hidden = 0;
     for (int64_t r = 0; r < nr; r += 16) {
         const __m512 m_old = _mm512_loadu_ps(m + r);
         __m512 mx = m_old;
@@ -189,8 +190,9 @@ static void softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float 
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < nk; j++) {
             const __m512 x = _mm512_loadu_ps(s + j * lds + r);
-            const __m512 p = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ),
-                                                  exp512(_mm512_sub_ps(x, u)), neg_zero);
+            const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
+            hidden |= inf;
+            const __m512 p = _mm512_mask_blend_ps(inf, exp512(_mm512_sub_ps(x, u)), neg_zero);
             _mm512_storeu_ps(s + j * lds + r, p);
             sum = _mm512_add_ps(sum, p);
         }
@@ -198,6 +200,7 @@ static void softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float 
         _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
         _mm512_storeu_ps(m + r, mx);
     }
+    return hidden != 0;
 }
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors

@@ -44,8 +44,9 @@ static void qk_generic(int64_t nk, int64_t nr, int64_t dk, const float *k, int64
     }
 }
 
-static void softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
-                            float *alpha) {
+static int softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                           float *alpha) {
+    int hidden = 0;
     for (int64_t r = 0; r < nr; r++) {
         float mx = m[r];
         for (int64_t j = 0; j < nk; j++) {
@@ -57,12 +58,14 @@ static void softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float
         float sum = 0.0f;
         for (int64_t j = 0; j < nk; j++) {
             float *x = &s[j * lds + r];
+            hidden |= *x == -INFINITY;
             *x = *x == -INFINITY ? -0.0f : expf(*x - u);
             sum += *x;
         }
         l[r] = l[r] * alpha[r] + sum;
         m[r] = mx;
     }
+    return hidden;
 }
 
 /* Skips the weights of hidden keys (-0.0), which costs the portable code little and makes it
