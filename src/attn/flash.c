@@ -221,7 +221,11 @@ static void flash_task(void *arg, int64_t task, int worker) {
             float *s0 = s + r0;
             int64_t ldk, ldv;
             const float *kt = tile_rows(&p->k, pl->k_direct, b, hk, js, nk, p->Dk, kpack, &ldk);
-            uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
+            if (uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
+                r1pad - r0 == uk->lanes)
+                uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, tr.q_row + r0, (float)p->scale, s0, rp);
+            else
+                uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
             if (!whole || pl->needs_post)
                 post_process(pl, b, &tr, r0, r1use, js, nk, whole, s0 - r0);
             const int hidden = uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);

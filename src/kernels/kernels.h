@@ -34,6 +34,12 @@ typedef struct sdpa__ukernels {
      * (the scale is applied to the finished dot product, as the reference does) */
     void (*qk)(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk, const float *qt,
                int64_t ldq, float scale, float *s, int64_t lds);
+    /* Optional (NULL: not offered), for a decode step's few query rows: the scores of nr <= 4
+     * rows given row-major (q_rows[r][d]), as qk computes them, into lanes [0, nr) of one
+     * vector of lanes per key; lanes [nr, lanes) are set to 0. Where qk would spend a whole
+     * vector of FMAs per key and feature on 4 useful lanes, this runs along the features. */
+    void (*qk_few)(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                   const float *const *q_rows, float scale, float *s, int64_t lds);
     /* The online-softmax step for nk keys, for every row r < nr:
      *   m' = max(m[r], max_j s[j][r]);  u = (m' == -inf ? 0 : m')
      *   alpha[r] = exp(m[r] - u);  s[j][r] = (s == -inf ? -0.0f : exp(s - u))
@@ -48,6 +54,8 @@ typedef struct sdpa__ukernels {
 } sdpa__ukernels;
 
 extern const sdpa__ukernels sdpa__uk_generic;
+/* The most query rows qk_few takes. */
+#define SDPA__FEW_ROWS 4
 /* The portable P V, which skips hidden keys: also the careful P V for V tiles with NaN/Inf. */
 void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo);

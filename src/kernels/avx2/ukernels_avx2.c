@@ -163,5 +163,5 @@ static void pv_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t 
 }
 
 const sdpa__ukernels sdpa__uk_avx2 = {
-    "avx2", SDPA_ISA_AVX2, 8, sdpa__pack_q_generic, qk_avx2, softmax_avx2, pv_avx2,
+    "avx2", SDPA_ISA_AVX2, 8, sdpa__pack_q_generic, qk_avx2, NULL, softmax_avx2, pv_avx2,
 };

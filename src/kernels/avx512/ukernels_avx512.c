@@ -174,6 +174,90 @@ static void qk_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_
     }
 }
 
+/* Sums of four vectors, one per 128-bit result lane: [sum a0, sum a1, sum a2, sum a3]. */
+INLINE __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    /* pairs, then quads, within each 128-bit lane ... */
+    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    const __m512 s = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
+    /* ... then across the four lanes */
+    const __m512 t = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0x4e));
+    const __m512 u = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0xb1));
+    return _mm512_castps512_ps128(u);
+}
+
+/* qk_few for nr rows and a block of nb <= 4 keys: 16 features at a time along each key row. */
+INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk,
+                         const float *const *q, float scale, float *s, int64_t lds) {
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int b = 0; b < 4; b++)
+            acc[r][b] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < dk; d += 16) {
+        const __mmask16 dm = (__mmask16)(dk - d >= 16 ? 0xffff : (1u << (dk - d)) - 1u);
+        __m512 kv[4];
+        for (int b = 0; b < nb; b++)
+            kv[b] = _mm512_maskz_loadu_ps(dm, k + b * ldk + d);
+        for (int r = 0; r < nr; r++) {
+            const __m512 qv = _mm512_maskz_loadu_ps(dm, q[r] + d);
+            for (int b = 0; b < nb; b++)
+                acc[r][b] = _mm512_fmadd_ps(kv[b], qv, acc[r][b]);
+        }
+    }
+    /* row r's sums for the nb keys, then one vector of lanes per key: lanes [0, nr) */
+    __m128 row[4];
+    for (int r = 0; r < 4; r++)
+        row[r] = r < nr ? _mm_mul_ps(_mm_set1_ps(scale),
+                                     hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]))
+                        : _mm_setzero_ps();
+    const __m128 t0 = _mm_unpacklo_ps(row[0], row[1]), t1 = _mm_unpackhi_ps(row[0], row[1]);
+    const __m128 t2 = _mm_unpacklo_ps(row[2], row[3]), t3 = _mm_unpackhi_ps(row[2], row[3]);
+    const __m128 key[4] = {_mm_movelh_ps(t0, t2), _mm_movehl_ps(t2, t0), _mm_movelh_ps(t1, t3),
+                           _mm_movehl_ps(t3, t1)};
+    for (int b = 0; b < nb; b++)
+        _mm512_storeu_ps(s + b * lds, _mm512_zextps128_ps512(key[b]));
+}
+
+INLINE void qk_few_rows(int nr, int64_t nk, int64_t dk, const float *k, int64_t ldk,
+                        const float *const *q, float scale, float *s, int64_t lds) {
+    int64_t j = 0;
+    for (; j + 4 <= nk; j += 4)
+        qk_few_block(nr, 4, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+    switch (nk - j) {
+    case 3:
+        qk_few_block(nr, 3, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        break;
+    case 2:
+        qk_few_block(nr, 2, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        break;
+    case 1:
+        qk_few_block(nr, 1, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        break;
+    default:
+        break;
+    }
+}
+
+static void qk_few_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                          const float *const *q_rows, float scale, float *s, int64_t lds) {
+    switch (nr) {
+    case 1:
+        qk_few_rows(1, nk, dk, k, ldk, q_rows, scale, s, lds);
+        break;
+    case 2:
+        qk_few_rows(2, nk, dk, k, ldk, q_rows, scale, s, lds);
+        break;
+    case 3:
+        qk_few_rows(3, nk, dk, k, ldk, q_rows, scale, s, lds);
+        break;
+    default:
+        qk_few_rows(4, nk, dk, k, ldk, q_rows, scale, s, lds);
+        break;
+    }
+}
+
 static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
                           float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), neg_zero = _mm512_set1_ps(-0.0f);
@@ -288,5 +372,6 @@ static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_
 }
 
 const sdpa__ukernels sdpa__uk_avx512 = {
-    "avx512", SDPA_ISA_AVX512, 16, pack_q_avx512, qk_avx512, softmax_avx512, pv_avx512,
+    "avx512",      SDPA_ISA_AVX512, 16,        pack_q_avx512, qk_avx512,
+    qk_few_avx512, softmax_avx512,  pv_avx512,
 };

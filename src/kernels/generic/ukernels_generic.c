@@ -89,6 +89,6 @@ void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_
 }
 
 const sdpa__ukernels sdpa__uk_generic = {
-    "generic",       SDPA_ISA_GENERIC, 8, sdpa__pack_q_generic, qk_generic,
+    "generic",       SDPA_ISA_GENERIC, 8, sdpa__pack_q_generic, qk_generic, NULL,
     softmax_generic, sdpa__pv_generic,
 };
