@@ -70,20 +70,29 @@ static int softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float 
 
 /* Skips the weights of hidden keys (-0.0), which costs the portable code little and makes it
  * also the careful P V the driver uses when a V tile holds NaN or Inf: a hidden key is never
- * multiplied, so its 0 x NaN cannot reach the output. */
+ * multiplied, so its 0 x NaN cannot reach the output. The tile's sum is accumulated in double
+ * and added to o once: without FMA (portable C does not contract a * b + c), a float sum
+ * rounding each product and each addition would be less accurate than the f32 baseline. */
 void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    enum { CHUNK = 64 };
+    double acc[CHUNK];
     for (int64_t r = 0; r < nr; r++) {
         float *o_r = o + r * ldo;
-        for (int64_t c = 0; c < dv; c++)
-            o_r[c] *= alpha[r];
-        for (int64_t j = 0; j < nk; j++) {
-            const float pj = p[j * ldp + r];
-            if (pj == 0.0f && signbit(pj))
-                continue;
-            const float *v_j = v + j * ldv;
-            for (int64_t c = 0; c < dv; c++)
-                o_r[c] += pj * v_j[c];
+        for (int64_t c0 = 0; c0 < dv; c0 += CHUNK) {
+            const int64_t n = dv - c0 < CHUNK ? dv - c0 : CHUNK;
+            for (int64_t c = 0; c < n; c++)
+                acc[c] = 0.0;
+            for (int64_t j = 0; j < nk; j++) {
+                const float pj = p[j * ldp + r];
+                if (pj == 0.0f && signbit(pj))
+                    continue;
+                const float *v_j = v + j * ldv + c0;
+                for (int64_t c = 0; c < n; c++)
+                    acc[c] += (double)pj * (double)v_j[c];
+            }
+            for (int64_t c = 0; c < n; c++)
+                o_r[c0 + c] = (float)((double)alpha[r] * (double)o_r[c0 + c] + acc[c]);
         }
     }
 }
