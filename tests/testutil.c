@@ -171,6 +171,8 @@ void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_ten
                         const double mv = mask_at(pr->mask, b, h, i, j);
                         if (pr->mask->dtype == SDPA_BOOL)
                             seen = seen && mv != 0.0;
+                        else if (mv == -INFINITY)
+                            seen = 0; /* a -inf bias hides the key, even from a NaN score */
                         else
                             s = rnd(lp_dtype, s + mv);
                     }

@@ -38,12 +38,10 @@ static row_kind row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t
         if (p->has_mask) {
             const float mv =
                 sdpa__load(p->mask.data, p->mask.dtype, sdpa__offset(&p->mask, b, h, i, j));
-            if (p->mask.dtype == SDPA_BOOL) {
-                if (mv == 0.0f)
-                    continue;
-            } else {
+            if (p->mask.dtype == SDPA_BOOL ? mv == 0.0f : mv == -INFINITY)
+                continue; /* hidden before anything is computed: NaN in q or k stays out */
+            if (p->mask.dtype != SDPA_BOOL)
                 bias = (double)mv;
-            }
         }
         /* s_ij = softcap(scale * q_i . k_j) + alibi_ij + mask_ij */
         double dot = 0.0;
