@@ -57,7 +57,7 @@ bench: build
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
-# The .npy fuzz targets (tests/fuzz/) under libFuzzer with ASan+UBSan, FUZZ_SECONDS each; new
+# The fuzz targets (tests/fuzz/: .npy header and load, and the API) under libFuzzer with ASan+UBSan, FUZZ_SECONDS each; new
 # inputs go to $(FUZZ_BUILD)/corpus-*, the committed seeds in tests/fuzz/corpus/ are only read.
 # -max_len reaches past the 64 KiB header limit (libFuzzer still favours short inputs).
 FUZZ_CC      ?= clang
@@ -75,6 +75,7 @@ fuzz:
 	    -dict=tests/fuzz/npy.dict -artifact_prefix=$(FUZZ_BUILD)/ \
 	    $(FUZZ_BUILD)/corpus-$$t tests/fuzz/corpus/$$t || exit 1; \
 	done
+	bash tests/fuzz/run_api_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BUILD)
 
 format:
 	clang-format -i $$(git ls-files -co --exclude-standard '*.c' '*.h')

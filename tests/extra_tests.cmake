@@ -31,3 +31,13 @@ endif()
 if(SDPA_BUILD_CLI)
   add_test(NAME test_explain COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/test_explain.sh $<TARGET_FILE:sdpa>)
 endif()
+# The API fuzz target (tests/fuzz/fuzz_api.c: sdpa_forward and sdpa_weights on fuzzed
+# arguments, checked against the reference) replayed over its committed corpus with the plain
+# main() of tests/fuzz/replay.c; tests/fuzz/run_api_fuzz.sh runs it under libFuzzer.
+add_executable(fuzz_replay_api ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/replay.c
+               ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/fuzz_api.c ${CMAKE_CURRENT_SOURCE_DIR}/testutil.c)
+target_include_directories(fuzz_replay_api PRIVATE ${PROJECT_SOURCE_DIR}/include
+                           ${PROJECT_SOURCE_DIR}/src ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(fuzz_replay_api PRIVATE sdpa_static)
+target_compile_options(fuzz_replay_api PRIVATE ${SDPA_WARNINGS})
+add_test(NAME fuzz_replay_api COMMAND fuzz_replay_api ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus/api)
