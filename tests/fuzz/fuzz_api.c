@@ -114,9 +114,8 @@ typedef struct fcase {
     int isa, t1, t2;
     int n_inj;
     injection inj[4];
-    int nonfinite;    /* NaN/Inf in Q, K, V or NaN/+Inf in an additive mask */
-    int nonfinite_qk; /* NaN/Inf in Q or K */
-    int huge_qk;      /* huge finite values in Q or K */
+    int nonfinite; /* NaN/Inf in Q, K, V or NaN/+Inf in an additive mask */
+    int huge_qk;   /* huge finite values in Q or K */
     /* Invalid arguments the generator put in: the call that sees them must fail. */
     int bad_common;     /* q or k: both calls */
     int bad_params;     /* the mask or the scalar parameters: both calls, unless params is NULL */
@@ -232,22 +231,6 @@ static void violation(const char *fmt, ...) {
         print_case(current);
     fflush(stderr);
     abort();
-}
-
-/* Known, reported bugs that a long run may step around, with -DFUZZ_API_KNOWN_BUGS=1 in
- * FUZZ_CFLAGS (run_api_fuzz.sh). Never in the committed build: the replay of the corpus must
- * fail until they are fixed.
- *   - The reference adds an additive mask's -inf to the score instead of hiding the key, so a
- *     NaN or Inf score from Q or K makes the row NaN where the contract (and flash) hides the
- *     key: sdpa_weights (served by the reference) then writes NaN for hidden keys, and the
- *     golden disagrees with flash. */
-#ifndef FUZZ_API_KNOWN_BUGS
-#define FUZZ_API_KNOWN_BUGS 0
-#endif
-
-static int known_bug_mask_nan(const fcase *c) {
-    return FUZZ_API_KNOWN_BUGS && c->nonfinite_qk && c->params.mask != NULL &&
-           c->params.mask->dtype != SDPA_BOOL;
 }
 
 /* ---- contexts: one per (ISA cap, thread count), created once and reused ------------------- */
@@ -857,9 +840,7 @@ static double *check_forward_result(fcase *c, sdpa_ctx *ctx) {
     tu_free(&gout);
     tu_free(&glse);
 
-    if (known_bug_mask_nan(c)) {
-        /* the golden is wrong here: nothing to compare with */
-    } else if (c->nonfinite || c->huge_qk) {
+    if (c->nonfinite || c->huge_qk) {
         /* ill-conditioned or non-finite: the positions of non-finite values are the contract
          * (no NaN where the golden is finite), the digits are not */
         check_positions("out", t_o, g_o, n_out);
@@ -931,8 +912,6 @@ static void check_weights(fcase *c, sdpa_ctx *ctx, const double *g_lse) {
         return;
     }
     check_gaps(&c->w, "sdpa_weights");
-    if (known_bug_mask_nan(c))
-        return;
     for (int64_t b = 0; b < c->B; b++)
         for (int64_t h = 0; h < c->Hq; h++)
             for (int64_t i = 0; i < c->Lq; i++) {
@@ -1186,7 +1165,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (in->tensor == 3)
                 c->nonfinite |= in->kind <= 1; /* -inf and -1e9 are ordinary mask values */
             else if (in->kind <= 2)
-                c->nonfinite = 1, c->nonfinite_qk |= in->tensor <= 1;
+                c->nonfinite = 1;
             else if (in->tensor <= 1)
                 c->huge_qk = 1;
         }

@@ -10,9 +10,8 @@
 # read outside a tensor is caught inside the kernel that makes it. A finding is minimised with
 #     BUILD_DIR/fuzz_api -minimize_crash=1 -runs=100000 BUILD_DIR/api-crash-...
 # and replayed with BUILD_DIR/fuzz_api FILE (stderr says what was violated, and the case).
-# Environment: FUZZ_CC (default clang); FUZZ_CFLAGS, added to every compilation (for example
-# -DFUZZ_API_KNOWN_BUGS=1 to step around the open findings listed in fuzz_api.c during a long
-# run). One process: the machines are shared.
+# Environment: FUZZ_CC (default clang); FUZZ_CFLAGS, added to every compilation. One process:
+# the machines are shared.
 set -euo pipefail
 
 seconds=${1:-60}
