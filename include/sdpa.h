@@ -189,8 +189,10 @@ typedef struct sdpa_ctx sdpa_ctx;
 
 /*
  * Creates a context: it owns the kernel table chosen for this CPU, the worker threads and
- * scratch memory. The CPU is probed once, here (CPUID and XGETBV: a level is used only if the
- * OS saves its registers). The environment variable SDPA_MAX_ISA (generic|avx2|avx512|amx)
+ * scratch memory. The CPU is probed once, here (CPUID and XGETBV: a feature is used only if
+ * the OS saves its registers; on Linux the AMX tile state is asked for only when an AMX table
+ * could be chosen). Each implementation states the features it needs, and the best one the
+ * CPU provides is chosen. The environment variable SDPA_MAX_ISA (generic|avx2|avx512|amx)
  * may lower the choice further, never raise it; an unknown value is ignored, and
  * sdpa_ctx_describe() says so.
  *
@@ -214,8 +216,17 @@ SDPA_API const char *sdpa_ctx_last_error(const sdpa_ctx *ctx);
 /* @return the number of threads the context computes with (>= 1). */
 SDPA_API int sdpa_ctx_n_threads(const sdpa_ctx *ctx);
 
-/* @return the instruction-set level of the kernels the context dispatches to. */
+/* @return the instruction-set level of the kernels sdpa_forward actually runs on this
+ *         context: the best implementation whose CPU features (and, for AMX, the OS's tile
+ *         permission) are present and whose level the caps allow. A CPU may offer a level
+ *         that no implementation uses yet (AMX without an AMX table reports avx512).
+ *         NULL ctx gives SDPA_ISA_GENERIC. */
 SDPA_API sdpa_isa sdpa_ctx_isa(const sdpa_ctx *ctx);
+
+/* @return the name of the implementation sdpa_forward runs on this context ("flash-avx512",
+ *         "flash-avx2", "flash-generic", "reference"), for reports and benchmarks. Static
+ *         storage; NULL ctx gives "". */
+SDPA_API const char *sdpa_ctx_kernel(const sdpa_ctx *ctx);
 
 /* @return a multi-line, human-readable description of what the CPU offers, which cap applied
  *         (and from where) and which implementation each operation uses. Owned by the

@@ -2,41 +2,27 @@
  * test_flash.c — the tiled forward path at every ISA level the CPU has: the accuracy of each
  * table's exp (through its softmax micro-kernel), sizes around the tile and vector widths,
  * large shapes, the NaN and masked-row rules inside tiles, and bitwise determinism for any
- * thread count. Levels the CPU lacks are reported as skipped, never as passed.
+ * thread count. Every implementation the build registered is visited; those the CPU cannot run
+ * are reported as skipped, never as passed.
  */
 #include "check.h"
 #include "testutil.h"
 
-#include "../src/kernels/kernels.h"
+#include "../src/dispatch/impl.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The tables this build has, with the level each needs. */
-static const sdpa__ukernels *const tables[] = {
-    &sdpa__uk_generic,
-#if defined(SDPA_HAVE_X86)
-    &sdpa__uk_avx2,
-    &sdpa__uk_avx512,
-#endif
-};
-
-static sdpa_isa cpu_isa(void) {
-    sdpa_ctx *ctx = tu_ctx(1, SDPA_ISA_AUTO);
-    const sdpa_isa isa = sdpa_ctx_isa(ctx);
-    sdpa_ctx_destroy(ctx);
-    return isa;
-}
-
 /* exp through the softmax micro-kernel: one key per row, m = 0 (so u = 0 after the max of the
  * row with its own score, when the score <= 0... we set m = 0 and scores <= 0). */
 static void test_exp_accuracy(void) {
-    const sdpa_isa cpu = cpu_isa();
-    for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++) {
-        const sdpa__ukernels *uk = tables[t];
-        if (uk->isa > cpu) {
-            printf("    %-8s skipped: the CPU lacks it\n", uk->name);
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
             continue;
         }
         enum { N = 4096 };
@@ -85,22 +71,24 @@ static int check_all_isas(const char *name, const sdpa_tensor *q, const sdpa_ten
         tu_alloc(SDPA_F32, q->shape[0], q->shape[1], q->shape[2], v->shape[3], TU_BHLD, 0, 0);
     tu_tensor l = tu_alloc(SDPA_F32, q->shape[0], q->shape[1], q->shape[2], 1, TU_BHLD, 0, 0);
     int ok = 1;
-    const sdpa_isa cpu = cpu_isa();
-    for (sdpa_isa isa = SDPA_ISA_GENERIC; isa <= SDPA_ISA_AVX512; isa++) {
-        if (isa > cpu) {
-            printf("    %-40s [%s] skipped: the CPU lacks it\n", name, sdpa_isa_name(isa));
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        const char *isa = impls[t].name;
+        if (!impls[t].runs) {
+            printf("    %-40s [%s] skipped: the CPU lacks %s\n", name, isa, impls[t].missing);
             continue;
         }
-        sdpa_ctx *ctx = tu_ctx(0, isa);
+        sdpa_ctx *ctx = tu_ctx(0, impls[t].level);
         if (sdpa_forward(ctx, q, k, v, p, &o.t, &l.t) != SDPA_OK) {
             printf("    %s: %s\n", name, sdpa_ctx_last_error(ctx));
             ok = 0;
         } else {
             double *got = tu_to_doubles(&o.t), *got_lse = tu_to_doubles(&l.t);
             char what[96];
-            snprintf(what, sizeof what, "%s [%s] out", name, sdpa_isa_name(isa));
+            snprintf(what, sizeof what, "%s [%s] out", name, isa);
             ok &= tu_rule(what, got, lp, want, (size_t)n_out, SDPA_F32, 3.0, 1e-10);
-            snprintf(what, sizeof what, "%s [%s] lse", name, sdpa_isa_name(isa));
+            snprintf(what, sizeof what, "%s [%s] lse", name, isa);
             ok &= tu_rule(what, got_lse, lp_lse, want_lse, (size_t)n_lse, SDPA_F32, 3.0, 0.0);
             free(got);
             free(got_lse);
@@ -164,9 +152,12 @@ static void test_nan_inside_tiles(void) {
     p.causal = 1;
     p.use_window = 1;
     p.window_left = 10;
-    const sdpa_isa cpu = cpu_isa();
-    for (sdpa_isa isa = SDPA_ISA_GENERIC; isa <= SDPA_ISA_AVX512 && isa <= cpu; isa++) {
-        sdpa_ctx *ctx = tu_ctx(0, isa);
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        if (!impls[t].runs)
+            continue;
+        sdpa_ctx *ctx = tu_ctx(0, impls[t].level);
         CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, NULL), SDPA_OK);
         int wrong = 0;
         for (int h = 0; h < 2; h++)
@@ -183,7 +174,7 @@ static void test_nan_inside_tiles(void) {
                     else
                         wrong += !isfinite(x);
                 }
-        CHECK_MSG(wrong == 0, "[%s] %d outputs break the NaN rule", sdpa_isa_name(isa), wrong);
+        CHECK_MSG(wrong == 0, "[%s] %d outputs break the NaN rule", impls[t].name, wrong);
         sdpa_ctx_destroy(ctx);
     }
     tu_free(&q);
@@ -209,8 +200,12 @@ static void test_thread_determinism(void) {
     p.causal = 1;
     p.align = SDPA_ALIGN_BOTTOM_RIGHT;
     static const int threads[] = {2, 3, 4, 7, 16};
-    const sdpa_isa cpu = cpu_isa();
-    for (sdpa_isa isa = SDPA_ISA_GENERIC; isa <= SDPA_ISA_AVX512 && isa <= cpu; isa++) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        if (!impls[t].runs)
+            continue;
+        const sdpa_isa isa = impls[t].level;
         sdpa_ctx *one = tu_ctx(1, isa);
         CHECK_INT_EQ(sdpa_forward(one, &q.t, &k.t, &v.t, &p, &o1.t, &l1.t), SDPA_OK);
         sdpa_ctx_destroy(one);
@@ -220,7 +215,7 @@ static void test_thread_determinism(void) {
             CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o2.t, &l2.t), SDPA_OK);
             CHECK_MSG(memcmp(o1.buf, o2.buf, o1.bytes) == 0 &&
                           memcmp(l1.buf, l2.buf, l1.bytes) == 0,
-                      "[%s] n_threads=%d differs from 1 thread", sdpa_isa_name(isa), threads[n]);
+                      "[%s] n_threads=%d differs from 1 thread", impls[t].name, threads[n]);
             sdpa_ctx_destroy(ctx);
         }
     }

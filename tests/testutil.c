@@ -5,7 +5,9 @@
 #include "testutil.h"
 
 #include "../src/core/half.h"
-#include "../src/core/internal.h"
+#include "../src/core/validate.h"
+#include "../src/dispatch/cpu.h"
+#include "../src/dispatch/impl.h"
 #include "../src/ref/ref.h"
 
 #include <math.h>
@@ -291,4 +293,38 @@ sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa) {
         exit(2);
     }
     return ctx;
+}
+
+int tu_impls(tu_impl out[TU_MAX_IMPLS]) {
+    int count, n_out = 0;
+    const sdpa__impl *const *list = sdpa__impls(&count);
+    for (int n = 0; n < count && n_out < TU_MAX_IMPLS; n++) {
+        if (list[n]->uk == NULL)
+            continue; /* the reference: the oracle, tested on its own */
+        tu_impl *t = &out[n_out++];
+        memset(t, 0, sizeof *t);
+        t->impl = list[n];
+        t->name = list[n]->name;
+        t->level = list[n]->level;
+        sdpa_ctx *ctx = tu_ctx(1, t->level);
+        t->runs = strcmp(sdpa_ctx_kernel(ctx), t->name) == 0;
+        sdpa_ctx_destroy(ctx);
+        if (!t->runs) {
+            sdpa__cpu cpu;
+            sdpa__cpu_probe(&cpu);
+            sdpa__cpu_feature_names(list[n]->needs & ~cpu.features, t->missing, sizeof t->missing);
+        }
+    }
+    return n_out;
+}
+
+void tu_report_impls(void) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n = tu_impls(impls);
+    for (int i = 0; i < n; i++) {
+        if (impls[i].runs)
+            printf("    %-14s runs on this CPU\n", impls[i].name);
+        else
+            printf("    %-14s skipped: the CPU lacks %s\n", impls[i].name, impls[i].missing);
+    }
 }

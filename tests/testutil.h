@@ -81,4 +81,28 @@ double *tu_to_doubles(const sdpa_tensor *t);
 /* Creates a context or aborts the test program (tests only). */
 sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa);
 
+/* ---- the registered implementations -------------------------------------------------------- */
+
+struct sdpa__impl; /* src/dispatch/impl.h */
+
+/* A fast implementation the build registered (src/dispatch/dispatch.c), and whether this CPU
+ * runs it: tests loop over these instead of naming the tables, so a new table is tested
+ * where it is registered. */
+typedef struct tu_impl {
+    const struct sdpa__impl *impl;
+    const char *name;  /* "flash-avx2" */
+    sdpa_isa level;    /* the max_isa that selects it: tu_ctx(n, level) runs it when `runs` */
+    int runs;          /* a context capped at `level` dispatches to it on this CPU */
+    char missing[128]; /* when it does not: the CPU features it lacks */
+} tu_impl;
+
+enum { TU_MAX_IMPLS = 16 };
+
+/* Fills out[] with the registered implementations but the reference, in preference order
+ * (best last). @return their number. */
+int tu_impls(tu_impl out[TU_MAX_IMPLS]);
+
+/* Prints one line per implementation: "runs", or "skipped: the CPU lacks ...". */
+void tu_report_impls(void);
+
 #endif /* SDPA_TESTUTIL_H */

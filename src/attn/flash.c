@@ -5,7 +5,7 @@
  * the rows of every query head of hk's group for its positions (position-major: row r is
  * position i0 + r / group of head hk * group + r % group), so each K/V tile is read (or
  * packed) once for the whole group. For each tile of keys it computes the scores with the
- * ISA's micro-kernels (kernels.h), applies the rules that hide keys or bias scores, takes the
+ * ISA's micro-kernels (ukernels.h), applies the rules that hide keys or bias scores, takes the
  * online-softmax step (running max m, running sum l, rescale factor alpha) and accumulates
  * P V into an f32 tile of outputs; at the end O = acc / l and LSE = m + log(l). Extra memory is
  * O(rows x (Dk + Dv + tile)) per thread, never Lq x Lk. Key tiles that the window or the causal
@@ -20,8 +20,10 @@
  * done by a careful loop that skips those -0.0 weights, so a hidden key never lets 0 * NaN in. A
  * row that saw no key ends with l = 0 and is written as O = 0, LSE = -inf.
  */
+#include "flash.h"
+
 #include "../core/half.h"
-#include "../kernels/kernels.h"
+#include "../core/services.h"
 
 #include <math.h>
 #include <string.h>
@@ -36,29 +38,33 @@ typedef struct flash_plan {
     int64_t n_qb;      /* query blocks per (b, hk) */
     int64_t rp;        /* padded row capacity: group * bq rounded up to lanes */
     int64_t dvp;       /* row stride of the output accumulator */
-    int q_direct;      /* Q is f32 with unit feature stride: copied without conversion */
+    int q_direct;      /* Q is f32 with unit feature stride: its rows are read in place */
     int k_direct;      /* K is f32 with unit feature stride: read in place */
     int v_direct;      /* likewise V */
-    int out_direct;    /* out is f32 with unit feature stride: written without conversion */
     int needs_post;    /* softcap, ALiBi or a mask: every tile is post-processed */
-    size_t per_worker; /* floats of scratch per worker */
-    float *scratch;
+    size_t per_worker; /* bytes of scratch per worker */
+    char *scratch;
 } flash_plan;
 
 static int64_t round_up(int64_t x, int64_t m) {
     return (x + m - 1) / m * m;
 }
 
+/* Where element (b, h, l, 0) of t lives. */
+static const void *row_at(const sdpa_tensor *t, int64_t b, int64_t h, int64_t l) {
+    return (const char *)t->data + sdpa__offset(t, b, h, l, 0) * (int64_t)sdpa_dtype_size(t->dtype);
+}
+
 /* The keys of a tile as f32 rows: in place when possible, else widened into `pack`. */
-static const float *tile_rows(const sdpa_tensor *t, int direct, int64_t b, int64_t hk, int64_t j0,
-                              int64_t nk, int64_t d, float *pack, int64_t *ld) {
+static const float *tile_rows(const sdpa__ukernels *uk, const sdpa_tensor *t, int direct, int64_t b,
+                              int64_t hk, int64_t j0, int64_t nk, int64_t d, float *pack,
+                              int64_t *ld) {
     if (direct) {
         *ld = t->stride[2];
         return (const float *)t->data + sdpa__offset(t, b, hk, j0, 0);
     }
     for (int64_t j = 0; j < nk; j++)
-        for (int64_t c = 0; c < d; c++)
-            pack[j * d + c] = sdpa__load(t->data, t->dtype, sdpa__offset(t, b, hk, j0 + j, c));
+        uk->load_row((int)t->dtype, d, row_at(t, b, hk, j0 + j), t->stride[3], pack + j * d);
     *ld = d;
     return pack;
 }
@@ -76,16 +82,54 @@ static int has_nonfinite(const float *v, int64_t nk, int64_t ld, int64_t d) {
     return bad != 0;
 }
 
-/* The rows of a task: query head and position of row r, and the keys it may see under the
- * window rule, [lo[r], hi[r]] (wide open when a side is unbounded). */
-typedef struct task_rows {
+/* One worker's scratch: the task's tiles and its row table. */
+typedef struct task_scratch {
+    float *qt; /* Q transposed: Dk x rp */
+    float *s;  /* scores, transposed: KEY_TILE x rp */
+    float *o;  /* the output accumulator: rp x dvp */
+    float *m, *l, *alpha;
+    float *qrows; /* Q rows widened to f32 (when Q is not read in place): rp x Dk */
+    float *kpack; /* a K tile widened to f32 (when K is not read in place) */
+    float *vpack; /* likewise V */
+    /* the rows: query head and position of row r, and the keys it may see under the window
+     * rule, [lo[r], hi[r]] (wide open when a side is unbounded) */
     int64_t *h, *i, *lo, *hi;
-    const float **q_row; /* the f32 query row, when Q is read in place */
-} task_rows;
+    const float **q_row; /* the f32 query rows pack_q and qk_few read */
+} task_scratch;
+
+/* Takes `bytes` from the region at base (NULL: only measures), each piece 64-byte aligned. */
+static void *take(char *base, size_t *at, size_t bytes) {
+    void *ptr = base == NULL ? NULL : base + *at;
+    *at += (bytes + 63) / 64 * 64;
+    return ptr;
+}
+
+/* Lays out one worker's scratch at base and returns its size in bytes: the one place where
+ * the regions are both sized and pointed to. With base NULL it only measures. */
+static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
+    const sdpa__problem *p = pl->p;
+    const size_t f = sizeof(float), rp = (size_t)pl->rp;
+    size_t at = 0;
+    ts->qt = take(base, &at, (size_t)p->Dk * rp * f);
+    ts->s = take(base, &at, KEY_TILE * rp * f);
+    ts->o = take(base, &at, rp * (size_t)pl->dvp * f);
+    ts->m = take(base, &at, rp * f);
+    ts->l = take(base, &at, rp * f);
+    ts->alpha = take(base, &at, rp * f);
+    ts->qrows = take(base, &at, pl->q_direct ? 0 : rp * (size_t)p->Dk * f);
+    ts->kpack = take(base, &at, pl->k_direct ? 0 : KEY_TILE * (size_t)p->Dk * f);
+    ts->vpack = take(base, &at, pl->v_direct ? 0 : KEY_TILE * (size_t)p->Dv * f);
+    ts->h = take(base, &at, rp * sizeof(int64_t));
+    ts->i = take(base, &at, rp * sizeof(int64_t));
+    ts->lo = take(base, &at, rp * sizeof(int64_t));
+    ts->hi = take(base, &at, rp * sizeof(int64_t));
+    ts->q_row = take(base, &at, rp * sizeof(const float *));
+    return at;
+}
 
 /* Hides keys outside each row's window (on tiles the window cuts through), then applies
  * softcap, ALiBi and the mask to the visible scores of keys ja.. (s[jj * rp + r]). */
-static void post_process(const flash_plan *pl, int64_t b, const task_rows *tr, int64_t r0,
+static void post_process(const flash_plan *pl, int64_t b, const task_scratch *tr, int64_t r0,
                          int64_t r1, int64_t ja, int64_t nk, int whole, float *s) {
     const sdpa__problem *p = pl->p;
     if (!whole) {
@@ -149,78 +193,60 @@ static void flash_task(void *arg, int64_t task, int worker) {
     const int64_t i0 = qb * pl->bq, nq = i0 + pl->bq <= p->Lq ? pl->bq : p->Lq - i0;
     const int64_t rows = p->group * nq, rpad = round_up(rows, uk->lanes), rp = pl->rp;
 
-    float *qt = pl->scratch + (size_t)worker * pl->per_worker;
-    float *s = qt + p->Dk * rp;
-    float *o = s + KEY_TILE * rp;
-    float *m = o + rp * pl->dvp, *l = m + rp, *alpha = l + rp;
-    float *kpack = alpha + rp;
-    float *vpack = kpack + round_up(KEY_TILE * p->Dk, 16);
-    task_rows tr;
-    tr.h = (int64_t *)(void *)(vpack + round_up(KEY_TILE * p->Dv, 16));
-    tr.i = tr.h + rp;
-    tr.lo = tr.i + rp;
-    tr.hi = tr.lo + rp;
-    tr.q_row = (const float **)(void *)(tr.hi + rp);
+    task_scratch tr;
+    layout(pl, pl->scratch + (size_t)worker * pl->per_worker, &tr);
+    float *qt = tr.qt, *s = tr.s, *o = tr.o, *m = tr.m, *l = tr.l, *alpha = tr.alpha;
 
-    /* the rows of the task: Q transposed, and each row's head, position and window */
-    const int64_t open = p->Lq + p->Lk; /* beyond any key index */
+    /* the rows of the task: each row's head, position and window, and Q transposed */
     for (int64_t r = 0; r < rpad; r++) {
         const int64_t h = hk * p->group + r % p->group, i = i0 + r / p->group;
         m[r] = -INFINITY;
         l[r] = 0.0f;
         tr.h[r] = h;
         tr.i[r] = i;
-        tr.lo[r] = p->window_left >= 0 ? i + p->off - p->window_left : -open;
-        tr.hi[r] = p->window_right >= 0 ? i + p->off + p->window_right : open;
+        sdpa__row_keys(p, i, &tr.lo[r], &tr.hi[r]);
     }
-    if (pl->q_direct) {
-        for (int64_t r = 0; r < rows; r++)
-            tr.q_row[r] = (const float *)p->q.data + sdpa__offset(&p->q, b, tr.h[r], tr.i[r], 0);
-        uk->pack_q(rows, p->Dk, tr.q_row, qt, rp);
-    } else {
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t d = 0; d < p->Dk; d++)
-                qt[d * rp + r] =
-                    sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, tr.h[r], tr.i[r], d));
-        for (int64_t d = 0; d < p->Dk; d++)
-            for (int64_t r = rows; r < rpad; r++)
-                qt[d * rp + r] = 0.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        if (pl->q_direct) {
+            tr.q_row[r] = row_at(&p->q, b, tr.h[r], tr.i[r]);
+        } else {
+            float *row = tr.qrows + r * p->Dk;
+            uk->load_row((int)p->q.dtype, p->Dk, row_at(&p->q, b, tr.h[r], tr.i[r]), p->q.stride[3],
+                         row);
+            tr.q_row[r] = row;
+        }
     }
+    uk->pack_q(rows, p->Dk, tr.q_row, qt, rp);
     memset(o, 0, (size_t)(rows * pl->dvp) * sizeof *o);
 
     /* the keys any row of the task may see */
-    int64_t jlo = 0, jhi = p->Lk;
-    if (p->window_left >= 0 && i0 + p->off - p->window_left > jlo)
-        jlo = i0 + p->off - p->window_left;
-    if (p->window_right >= 0 && i0 + nq + p->off + p->window_right < jhi)
-        jhi = i0 + nq + p->off + p->window_right;
+    int64_t jlo, jhi;
+    sdpa__block_keys(p, i0, i0 + nq, &jlo, &jhi);
 
     for (int64_t j0 = jlo / KEY_TILE * KEY_TILE; j0 < jhi; j0 += KEY_TILE) {
         const int64_t ja = j0 > jlo ? j0 : jlo, jb = j0 + KEY_TILE < jhi ? j0 + KEY_TILE : jhi;
-        const int64_t min_rel = ja - (i0 + nq - 1 + p->off), max_rel = jb - 1 - (i0 + p->off);
-        const int whole = (p->window_right < 0 || max_rel <= p->window_right) &&
-                          (p->window_left < 0 || min_rel >= -p->window_left);
+        const int whole = sdpa__block_whole(p, i0, i0 + nq, ja, jb);
         /* A tile the window cuts through (the causal diagonal) goes in slices of KEY_SLICE
          * keys, each computed only for the rows that see some of it: rows are sorted by
          * position, so those are one range, and most of the hidden triangle is skipped. */
         const int64_t step = whole ? KEY_TILE : KEY_SLICE;
         for (int64_t js = ja; js < jb; js += step) {
             const int64_t nk = js + step < jb ? step : jb - js;
-            int64_t first = 0, last = nq; /* positions [first, last) see a key of the slice */
-            if (p->window_right >= 0)
-                first = js - p->off - p->window_right - i0;
-            if (p->window_left >= 0)
-                last = js + nk - 1 - p->off + p->window_left - i0 + 1;
-            first = first < 0 ? 0 : first;
-            last = last > nq ? nq : last;
+            int64_t first, last; /* positions [first, last) see a key of the slice */
+            sdpa__block_queries(p, js, js + nk, i0, i0 + nq, &first, &last);
             if (first >= last)
                 continue;
+            first -= i0;
+            last -= i0;
             const int64_t r0 = first * p->group / uk->lanes * uk->lanes;
             const int64_t r1 = last * p->group, r1pad = round_up(r1, uk->lanes);
             const int64_t r1use = r1pad < rows ? r1pad : rows;
             float *s0 = s + r0;
             int64_t ldk, ldv;
-            const float *kt = tile_rows(&p->k, pl->k_direct, b, hk, js, nk, p->Dk, kpack, &ldk);
+            const float *kt =
+                tile_rows(uk, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
+            /* qk_few serves f32 queries read in place; widened half-precision queries keep
+             * qk's order of summation */
             if (uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
                 r1pad - r0 == uk->lanes)
                 uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, tr.q_row + r0, (float)p->scale, s0, rp);
@@ -229,7 +255,8 @@ static void flash_task(void *arg, int64_t task, int worker) {
             if (!whole || pl->needs_post)
                 post_process(pl, b, &tr, r0, r1use, js, nk, whole, s0 - r0);
             const int hidden = uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
-            const float *vt = tile_rows(&p->v, pl->v_direct, b, hk, js, nk, p->Dv, vpack, &ldv);
+            const float *vt =
+                tile_rows(uk, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
             float *o0 = o + r0 * pl->dvp;
             if (hidden && has_nonfinite(vt, nk, ldv, p->Dv))
                 sdpa__pv_generic(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
@@ -240,19 +267,12 @@ static void flash_task(void *arg, int64_t task, int worker) {
 
     /* O = acc / l, LSE = m + log l (summed in double: one rounding, not three); rows that saw
      * nothing: 0 and -inf */
+    const sdpa_tensor *out = pl->out;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t h = tr.h[r], i = tr.i[r];
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-        const float *o_r = o + r * pl->dvp;
-        if (pl->out_direct) {
-            float *dst = (float *)pl->out->data + sdpa__offset(pl->out, b, h, i, 0);
-            for (int64_t d = 0; d < p->Dv; d++)
-                dst[d] = o_r[d] * inv;
-        } else {
-            for (int64_t d = 0; d < p->Dv; d++)
-                sdpa__store(pl->out->data, pl->out->dtype, sdpa__offset(pl->out, b, h, i, d),
-                            (double)(o_r[d] * inv));
-        }
+        uk->store_row((int)out->dtype, p->Dv, o + r * pl->dvp, inv, (void *)row_at(out, b, h, i),
+                      out->stride[3]);
         if (pl->lse != NULL)
             ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] =
                 l[r] == 0.0f ? -INFINITY : (float)((double)m[r] + log((double)l[r]));
@@ -261,6 +281,9 @@ static void flash_task(void *arg, int64_t task, int worker) {
 
 sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                                 sdpa_tensor *out, sdpa_tensor *lse) {
+    _Static_assert(SDPA__ELEM_F32 == (int)SDPA_F32 && SDPA__ELEM_F16 == (int)SDPA_F16 &&
+                       SDPA__ELEM_BF16 == (int)SDPA_BF16,
+                   "the micro-kernels' element codes are sdpa_dtype values");
     flash_plan pl;
     memset(&pl, 0, sizeof pl);
     pl.p = p;
@@ -275,17 +298,12 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.dvp = round_up(p->Dv, 16);
     pl.q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
     pl.k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
-    pl.out_direct = out->dtype == SDPA_F32 && (out->stride[3] == 1 || p->Dv == 1);
     pl.v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
     pl.needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
-    /* qt, s, o, m, l, alpha, then the K and V packing tiles; each region keeps 64-byte
-     * alignment because every size is a multiple of 16 floats */
-    /* + the row table: four int64 arrays and a pointer array of rp (10 floats per row) */
-    pl.per_worker =
-        (size_t)(p->Dk * pl.rp + KEY_TILE * pl.rp + pl.rp * pl.dvp + 3 * pl.rp +
-                 round_up(KEY_TILE * p->Dk, 16) + round_up(KEY_TILE * p->Dv, 16) + 10 * pl.rp);
+    task_scratch unused;
+    pl.per_worker = layout(&pl, NULL, &unused);
     const int workers = sdpa__n_workers(ctx);
-    const size_t bytes = (size_t)workers * pl.per_worker * sizeof(float);
+    const size_t bytes = (size_t)workers * pl.per_worker;
     pl.scratch = sdpa__alloc(ctx, bytes, 64);
     if (pl.scratch == NULL)
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash forward: no memory for %zu bytes", bytes);

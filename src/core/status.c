@@ -3,7 +3,7 @@
  * version, and the contiguous tensor constructors. None touches a context; all are thread
  * safe.
  */
-#include "internal.h"
+#include "sdpa.h"
 
 #define SDPA__STR_STRINGIFY(x) #x
 #define SDPA__STR(x) SDPA__STR_STRINGIFY(x)

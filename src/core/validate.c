@@ -1,18 +1,18 @@
 /*
- * validate.c — every argument of sdpa_forward and sdpa_weights is checked here, before
- * anything is written, and turned into an sdpa__problem (see internal.h).
- *
- * The checks run in a fixed order, so that one bad argument gives one predictable status:
- * NULL pointers; the dtypes of v, out and lse (weights); q and k (dtype, extents, Dk and B
- * agreement, Hq % Hkv); the extents and shapes of v, out and lse (weights); the mask (NULL,
- * dtype, extents, broadcasting); scalar parameters; address spans and alignment of every
- * tensor; and last aliasing (which needs the spans). Each failure names the argument and its
- * values in the context's message.
+ * validate.c — every argument of every entry point is checked here, before anything is
+ * written, and turned into an sdpa__problem (see problem.h). The entry points describe their
+ * tensors as tables of roles (validate.h); one driver, sdpa__validate, checks any table in the
+ * fixed order stated there, and each failure names the argument and its values in the
+ * context's message.
  */
-#include "internal.h"
+#include "validate.h"
+
+#include "services.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 /* The byte range [lo, hi] (inclusive) a tensor can touch. */
 typedef struct span {
@@ -24,24 +24,6 @@ static sdpa_status check_present(sdpa_ctx *ctx, const char *name, const sdpa_ten
         return sdpa__fail(ctx, SDPA_ERR_NULL, "%s is NULL", name);
     if (t->data == NULL)
         return sdpa__fail(ctx, SDPA_ERR_NULL, "%s.data is NULL", name);
-    return SDPA_OK;
-}
-
-static int is_float_dtype(sdpa_dtype dt) {
-    return dt == SDPA_F32 || dt == SDPA_F16 || dt == SDPA_BF16;
-}
-
-static sdpa_status check_float(sdpa_ctx *ctx, const char *name, const sdpa_tensor *t) {
-    if (!is_float_dtype(t->dtype))
-        return sdpa__fail(ctx, SDPA_ERR_DTYPE, "%s.dtype=%s (%d) is not f32, f16 or bf16", name,
-                          sdpa_dtype_name(t->dtype), (int)t->dtype);
-    return SDPA_OK;
-}
-
-static sdpa_status check_f32(sdpa_ctx *ctx, const char *name, const sdpa_tensor *t) {
-    if (t->dtype != SDPA_F32)
-        return sdpa__fail(ctx, SDPA_ERR_DTYPE, "%s.dtype=%s (%d) must be f32", name,
-                          sdpa_dtype_name(t->dtype), (int)t->dtype);
     return SDPA_OK;
 }
 
@@ -162,6 +144,34 @@ static int overlaps(span a, span b) {
     return a.lo <= b.hi && b.lo <= a.hi;
 }
 
+/* Whether dt (any value a caller may put in the field) is in the set of SDPA__DT bits. */
+static int dtype_in(unsigned set, sdpa_dtype dt) {
+    return (unsigned)dt < 32 && (set & SDPA__DT(dt)) != 0;
+}
+
+/* The role's dtype must be one its table allows: "must be f32" for a single choice, "is not
+ * f32, f16 or bf16" for several. */
+static sdpa_status check_dtype(sdpa_ctx *ctx, const sdpa__role *r, const sdpa_tensor *t) {
+    if (dtype_in(r->dtypes, t->dtype))
+        return SDPA_OK;
+    static const sdpa_dtype order[] = {SDPA_F32, SDPA_F16, SDPA_BF16, SDPA_BOOL};
+    char allowed[48] = "";
+    int n = 0, total = 0;
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        total += (r->dtypes & SDPA__DT(order[i])) != 0;
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        if (!(r->dtypes & SDPA__DT(order[i])))
+            continue;
+        const size_t len = strlen(allowed);
+        snprintf(allowed + len, sizeof allowed - len, "%s%s",
+                 n == 0 ? "" : (n == total - 1 ? " or " : ", "), sdpa_dtype_name(order[i]));
+        n++;
+    }
+    return sdpa__fail(ctx, SDPA_ERR_DTYPE, "%s.dtype=%s (%d) %s %s", r->name,
+                      sdpa_dtype_name(t->dtype), (int)t->dtype, total == 1 ? "must be" : "is not",
+                      allowed);
+}
+
 static sdpa_status check_params(sdpa_ctx *ctx, const sdpa_params *pr, int64_t hq) {
     if (pr->align != SDPA_ALIGN_TOP_LEFT && pr->align != SDPA_ALIGN_BOTTOM_RIGHT)
         return sdpa__fail(ctx, SDPA_ERR_PARAM,
@@ -200,7 +210,7 @@ static sdpa_status check_mask(sdpa_ctx *ctx, const sdpa_tensor *m, sdpa__problem
     sdpa_status st = check_present(ctx, "mask", m);
     if (st != SDPA_OK)
         return st;
-    if (m->dtype != SDPA_BOOL && !is_float_dtype(m->dtype))
+    if (!dtype_in(SDPA__DT_FLOAT | SDPA__DT(SDPA_BOOL), m->dtype))
         return sdpa__fail(ctx, SDPA_ERR_DTYPE, "mask.dtype=%s (%d) is not bool, f32, f16 or bf16",
                           sdpa_dtype_name(m->dtype), (int)m->dtype);
     if ((st = check_dims(ctx, "mask", m, 0)) != SDPA_OK)
@@ -226,34 +236,6 @@ static sdpa_status check_mask(sdpa_ctx *ctx, const sdpa_tensor *m, sdpa__problem
     return SDPA_OK;
 }
 
-/* The checks common to both entry points: q and k, the parameters and the mask. */
-static sdpa_status check_qk(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
-                            sdpa__problem *p) {
-    sdpa_status st;
-    if ((st = check_float(ctx, "q", q)) != SDPA_OK || (st = check_float(ctx, "k", k)) != SDPA_OK)
-        return st;
-    if ((st = check_dims(ctx, "q", q, 1)) != SDPA_OK ||
-        (st = check_dims(ctx, "k", k, 1)) != SDPA_OK)
-        return st;
-    if ((st = check_eq(ctx, "k", k, 0, "q", 0, q->shape[0])) != SDPA_OK ||
-        (st = check_eq(ctx, "k", k, 3, "q", 3, q->shape[3])) != SDPA_OK)
-        return st;
-    if (q->shape[1] % k->shape[1] != 0)
-        return sdpa__fail(ctx, SDPA_ERR_HEADS,
-                          "q.shape[1]=%lld (Hq) is not a multiple of k.shape[1]=%lld (Hkv)",
-                          (long long)q->shape[1], (long long)k->shape[1]);
-    p->B = q->shape[0];
-    p->Hq = q->shape[1];
-    p->Lq = q->shape[2];
-    p->Dk = q->shape[3];
-    p->Hkv = k->shape[1];
-    p->Lk = k->shape[2];
-    p->group = p->Hq / p->Hkv;
-    p->q = *q;
-    p->k = *k;
-    return SDPA_OK;
-}
-
 /* Fills the scalar parts of p from params (already checked). */
 static void resolve_params(const sdpa_params *pr, sdpa__problem *p) {
     p->scale = pr->scale == 0.0f ? 1.0 / sqrt((double)p->Dk) : (double)pr->scale;
@@ -272,30 +254,6 @@ static void resolve_params(const sdpa_params *pr, sdpa__problem *p) {
     p->alibi = pr->alibi_slopes;
 }
 
-/* Spans of the inputs (q, k, optional v, optional mask, optional ALiBi slopes), in `in`. */
-static sdpa_status input_spans(sdpa_ctx *ctx, const sdpa__problem *p, const sdpa_tensor *v,
-                               const sdpa_tensor *mask, span *in, int *n_in) {
-    sdpa_status st;
-    int n = 0;
-    if ((st = check_span(ctx, "q", &p->q, &in[n++])) != SDPA_OK ||
-        (st = check_span(ctx, "k", &p->k, &in[n++])) != SDPA_OK)
-        return st;
-    if (v != NULL && (st = check_span(ctx, "v", v, &in[n++])) != SDPA_OK)
-        return st;
-    /* the caller's mask, not the expanded view: same span, and the message shows their numbers */
-    if (mask != NULL && (st = check_span(ctx, "mask", mask, &in[n++])) != SDPA_OK)
-        return st;
-    if (p->alibi != NULL) {
-        in[n].lo = (uintptr_t)p->alibi;
-        in[n].hi = in[n].lo + (uintptr_t)p->Hq * sizeof(float) - 1;
-        n++;
-    }
-    *n_in = n;
-    return SDPA_OK;
-}
-
-static const char *const input_names[5] = {"q", "k", "v", "mask", "params.alibi_slopes"};
-
 /* An output must not overlap itself, any input, or an earlier output. */
 static sdpa_status check_output(sdpa_ctx *ctx, const char *name, const sdpa_tensor *t,
                                 const span *in, const char *const *in_names, int n_in, span *out) {
@@ -311,111 +269,159 @@ static sdpa_status check_output(sdpa_ctx *ctx, const char *name, const sdpa_tens
     return SDPA_OK;
 }
 
-sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
-                                const sdpa_tensor *v, const sdpa_params *params,
-                                const sdpa_tensor *out, const sdpa_tensor *lse, sdpa__problem *p) {
+/* Each extent of role n against its shape expression; Hq % Hkv right after k's. */
+static sdpa_status check_shapes(sdpa_ctx *ctx, const sdpa__signature *sig,
+                                const sdpa_tensor *const *t) {
+    for (int n = 0; n < sig->n_roles; n++) {
+        const sdpa__role *r = &sig->roles[n];
+        if (t[n] == NULL)
+            continue;
+        for (int i = 0; i < 4; i++) {
+            const sdpa__dim e = r->shape[i];
+            sdpa_status st = SDPA_OK;
+            if (e.kind == SDPA__DIM_ONE && t[n]->shape[i] != 1)
+                st = sdpa__fail(ctx, SDPA_ERR_SHAPE, "%s.shape[%d]=%lld must be 1", r->name, i,
+                                (long long)t[n]->shape[i]);
+            else if (e.kind == SDPA__DIM_SAME)
+                st = check_eq(ctx, r->name, t[n], i, sig->roles[e.role].name, e.dim,
+                              t[e.role]->shape[e.dim]);
+            if (st != SDPA_OK)
+                return st;
+        }
+        if (n == SDPA__ROLE_K && t[0]->shape[1] % t[1]->shape[1] != 0)
+            return sdpa__fail(ctx, SDPA_ERR_HEADS,
+                              "q.shape[1]=%lld (Hq) is not a multiple of k.shape[1]=%lld (Hkv)",
+                              (long long)t[0]->shape[1], (long long)t[1]->shape[1]);
+    }
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__validate(sdpa_ctx *ctx, const sdpa__signature *sig, const sdpa_tensor *const *t,
+                           const sdpa_params *params, sdpa__problem *p) {
     static const sdpa_params defaults = {0};
+    const int nr = sig->n_roles;
     sdpa_status st;
     *p = (sdpa__problem){0};
-    if ((st = check_present(ctx, "q", q)) != SDPA_OK ||
-        (st = check_present(ctx, "k", k)) != SDPA_OK ||
-        (st = check_present(ctx, "v", v)) != SDPA_OK ||
-        (st = check_present(ctx, "out", out)) != SDPA_OK ||
-        (lse != NULL && (st = check_present(ctx, "lse", lse)) != SDPA_OK))
-        return st;
+    for (int n = 0; n < nr; n++)
+        if ((t[n] != NULL || !sig->roles[n].optional) &&
+            (st = check_present(ctx, sig->roles[n].name, t[n])) != SDPA_OK)
+            return st;
     if (params == NULL)
         params = &defaults;
-    if ((st = check_float(ctx, "v", v)) != SDPA_OK ||
-        (st = check_float(ctx, "out", out)) != SDPA_OK ||
-        (lse != NULL && (st = check_f32(ctx, "lse", lse)) != SDPA_OK))
-        return st;
-    if ((st = check_qk(ctx, q, k, p)) != SDPA_OK)
-        return st;
-    if ((st = check_dims(ctx, "v", v, 1)) != SDPA_OK ||
-        (st = check_dims(ctx, "out", out, 1)) != SDPA_OK ||
-        (lse != NULL && (st = check_dims(ctx, "lse", lse, 0)) != SDPA_OK))
-        return st;
-    if ((st = check_eq(ctx, "v", v, 0, "k", 0, k->shape[0])) != SDPA_OK ||
-        (st = check_eq(ctx, "v", v, 1, "k", 1, k->shape[1])) != SDPA_OK ||
-        (st = check_eq(ctx, "v", v, 2, "k", 2, k->shape[2])) != SDPA_OK ||
-        (st = check_eq(ctx, "out", out, 0, "q", 0, q->shape[0])) != SDPA_OK ||
-        (st = check_eq(ctx, "out", out, 1, "q", 1, q->shape[1])) != SDPA_OK ||
-        (st = check_eq(ctx, "out", out, 2, "q", 2, q->shape[2])) != SDPA_OK ||
-        (st = check_eq(ctx, "out", out, 3, "v", 3, v->shape[3])) != SDPA_OK)
-        return st;
-    if (lse != NULL) {
-        if ((st = check_eq(ctx, "lse", lse, 0, "q", 0, q->shape[0])) != SDPA_OK ||
-            (st = check_eq(ctx, "lse", lse, 1, "q", 1, q->shape[1])) != SDPA_OK ||
-            (st = check_eq(ctx, "lse", lse, 2, "q", 2, q->shape[2])) != SDPA_OK)
+    for (int n = 0; n < nr; n++)
+        if (t[n] != NULL && (st = check_dtype(ctx, &sig->roles[n], t[n])) != SDPA_OK)
             return st;
-        if (lse->shape[3] != 1)
-            return sdpa__fail(ctx, SDPA_ERR_SHAPE, "lse.shape[3]=%lld must be 1",
-                              (long long)lse->shape[3]);
+    for (int n = 0; n < nr; n++)
+        if (t[n] != NULL &&
+            (st = check_dims(ctx, sig->roles[n].name, t[n], sig->roles[n].head_dim)) != SDPA_OK)
+            return st;
+    if ((st = check_shapes(ctx, sig, t)) != SDPA_OK)
+        return st;
+
+    const sdpa_tensor *q = t[SDPA__ROLE_Q], *k = t[SDPA__ROLE_K];
+    p->B = q->shape[0];
+    p->Hq = q->shape[1];
+    p->Lq = q->shape[2];
+    p->Dk = q->shape[3];
+    p->Hkv = k->shape[1];
+    p->Lk = k->shape[2];
+    p->group = p->Hq / p->Hkv;
+    p->q = *q;
+    p->k = *k;
+    if (sig->has_v) {
+        p->Dv = t[SDPA__ROLE_V]->shape[3];
+        p->v = *t[SDPA__ROLE_V];
     }
-    p->Dv = v->shape[3];
-    p->v = *v;
     if (params->mask != NULL && (st = check_mask(ctx, params->mask, p)) != SDPA_OK)
         return st;
     if ((st = check_params(ctx, params, p->Hq)) != SDPA_OK)
         return st;
     resolve_params(params, p);
 
-    span in[6], o, l; /* q, k, v, mask, slopes, and out when lse is checked */
-    const char *names[6];
-    int n_in = 0;
-    if ((st = input_spans(ctx, p, v, params->mask, in, &n_in)) != SDPA_OK)
-        return st;
-    for (int n = 0, m = 0; n < 5; n++) {
-        if ((n == 3 && !p->has_mask) || (n == 4 && p->alibi == NULL))
+    /* Spans: the inputs in table order, then the mask (the caller's view, not the expanded
+     * one: same span, and a message shows their numbers) and the ALiBi slopes. Each output is
+     * then compared with all of them and with the outputs before it. */
+    span sp[SDPA__MAX_ROLES + 2];
+    const char *names[SDPA__MAX_ROLES + 2];
+    int n_sp = 0;
+    for (int n = 0; n < nr; n++) {
+        if (t[n] == NULL || sig->roles[n].output)
             continue;
-        names[m++] = input_names[n];
-    }
-    if ((st = check_output(ctx, "out", out, in, names, n_in, &o)) != SDPA_OK)
-        return st;
-    if (lse != NULL) {
-        in[n_in] = o;
-        names[n_in] = "out";
-        if ((st = check_output(ctx, "lse", lse, in, names, n_in + 1, &l)) != SDPA_OK)
+        if ((st = check_span(ctx, sig->roles[n].name, t[n], &sp[n_sp])) != SDPA_OK)
             return st;
+        names[n_sp++] = sig->roles[n].name;
+    }
+    if (params->mask != NULL) {
+        if ((st = check_span(ctx, "mask", params->mask, &sp[n_sp])) != SDPA_OK)
+            return st;
+        names[n_sp++] = "mask";
+    }
+    if (p->alibi != NULL) {
+        sp[n_sp].lo = (uintptr_t)p->alibi;
+        sp[n_sp].hi = sp[n_sp].lo + (uintptr_t)p->Hq * sizeof(float) - 1;
+        names[n_sp++] = "params.alibi_slopes";
+    }
+    for (int n = 0; n < nr; n++) {
+        if (t[n] == NULL || !sig->roles[n].output)
+            continue;
+        if ((st = check_output(ctx, sig->roles[n].name, t[n], sp, names, n_sp, &sp[n_sp])) !=
+            SDPA_OK)
+            return st;
+        names[n_sp++] = sig->roles[n].name;
     }
     return SDPA_OK;
+}
+
+#define FREE_                                                                                      \
+    { SDPA__DIM_FREE, 0, 0 }
+#define ONE_                                                                                       \
+    { SDPA__DIM_ONE, 0, 0 }
+#define SAME_(role, dim)                                                                           \
+    { SDPA__DIM_SAME, role, dim }
+#define ROLE_Q_                                                                                    \
+    {                                                                                              \
+        "q", 0, 0, 1, SDPA__DT_FLOAT, {                                                            \
+            FREE_, FREE_, FREE_, FREE_                                                             \
+        }                                                                                          \
+    }
+#define ROLE_K_                                                                                    \
+    {                                                                                              \
+        "k", 0, 0, 1, SDPA__DT_FLOAT, {                                                            \
+            SAME_(0, 0), FREE_, FREE_, SAME_(0, 3)                                                 \
+        }                                                                                          \
+    }
+
+const sdpa__signature sdpa__sig_forward = {
+    5,
+    1,
+    {ROLE_Q_,
+     ROLE_K_,
+     {"v", 0, 0, 1, SDPA__DT_FLOAT, {SAME_(1, 0), SAME_(1, 1), SAME_(1, 2), FREE_}},
+     {"out", 1, 0, 1, SDPA__DT_FLOAT, {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), SAME_(2, 3)}},
+     {"lse", 1, 1, 0, SDPA__DT(SDPA_F32), {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), ONE_}}}};
+
+const sdpa__signature sdpa__sig_weights = {
+    3,
+    0,
+    {ROLE_Q_,
+     ROLE_K_,
+     {"weights",
+      1,
+      0,
+      0,
+      SDPA__DT(SDPA_F32),
+      {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), SAME_(1, 2)}}}};
+
+sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                                const sdpa_tensor *v, const sdpa_params *params,
+                                const sdpa_tensor *out, const sdpa_tensor *lse, sdpa__problem *p) {
+    const sdpa_tensor *const t[5] = {q, k, v, out, lse};
+    return sdpa__validate(ctx, &sdpa__sig_forward, t, params, p);
 }
 
 sdpa_status sdpa__check_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_params *params, const sdpa_tensor *weights,
                                 sdpa__problem *p) {
-    static const sdpa_params defaults = {0};
-    sdpa_status st;
-    *p = (sdpa__problem){0};
-    if ((st = check_present(ctx, "q", q)) != SDPA_OK ||
-        (st = check_present(ctx, "k", k)) != SDPA_OK ||
-        (st = check_present(ctx, "weights", weights)) != SDPA_OK)
-        return st;
-    if (params == NULL)
-        params = &defaults;
-    if ((st = check_f32(ctx, "weights", weights)) != SDPA_OK)
-        return st;
-    if ((st = check_qk(ctx, q, k, p)) != SDPA_OK)
-        return st;
-    if ((st = check_dims(ctx, "weights", weights, 0)) != SDPA_OK)
-        return st;
-    if ((st = check_eq(ctx, "weights", weights, 0, "q", 0, q->shape[0])) != SDPA_OK ||
-        (st = check_eq(ctx, "weights", weights, 1, "q", 1, q->shape[1])) != SDPA_OK ||
-        (st = check_eq(ctx, "weights", weights, 2, "q", 2, q->shape[2])) != SDPA_OK ||
-        (st = check_eq(ctx, "weights", weights, 3, "k", 2, k->shape[2])) != SDPA_OK)
-        return st;
-    if (params->mask != NULL && (st = check_mask(ctx, params->mask, p)) != SDPA_OK)
-        return st;
-    if ((st = check_params(ctx, params, p->Hq)) != SDPA_OK)
-        return st;
-    resolve_params(params, p);
-
-    span in[5], w;
-    const char *names[5] = {"q", "k", "mask", "params.alibi_slopes", NULL};
-    int n_in = 0;
-    if ((st = input_spans(ctx, p, NULL, params->mask, in, &n_in)) != SDPA_OK)
-        return st;
-    if (!p->has_mask)
-        names[2] = names[3];
-    return check_output(ctx, "weights", weights, in, names, n_in, &w);
+    const sdpa_tensor *const t[3] = {q, k, weights};
+    return sdpa__validate(ctx, &sdpa__sig_weights, t, params, p);
 }

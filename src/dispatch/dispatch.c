@@ -1,37 +1,75 @@
 /*
- * dispatch.c — the registered implementations and the choice among them (see kernels.h).
- * To add an implementation, append it to `impls` in increasing order of preference.
+ * dispatch.c — the registered implementations and the choice among them (see impl.h).
+ * To add one, append it to `impls` in increasing order of preference, with the features its
+ * code needs and the level a cap compares with (docs/design.md, "How to add a kernel table").
  */
-#include "../kernels/kernels.h"
+#include "impl.h"
 
+#include "../attn/flash.h"
+#include "../ref/ref.h"
+#include "features.h"
+
+static sdpa_status ref_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
+                               sdpa_tensor *out, sdpa_tensor *lse) {
+    (void)self;
+    return sdpa__ref_forward(ctx, p, out, lse);
+}
+
+static sdpa_status ref_weights(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
+                               sdpa_tensor *w) {
+    (void)self;
+    return sdpa__ref_weights(ctx, p, w);
+}
+
+static const sdpa__impl reference = {"reference", SDPA_ISA_GENERIC, 0,          NULL,
+                                     NULL,        ref_forward,      ref_weights};
 static const sdpa__impl flash_generic = {
-    "flash-generic", SDPA_ISA_GENERIC, &sdpa__uk_generic, NULL, sdpa__flash_forward, NULL};
+    "flash-generic", SDPA_ISA_GENERIC, 0, &sdpa__uk_generic, NULL, sdpa__flash_forward, NULL};
 #if defined(SDPA_HAVE_X86)
-static const sdpa__impl flash_avx2 = {"flash-avx2", SDPA_ISA_AVX2,       &sdpa__uk_avx2,
-                                      NULL,         sdpa__flash_forward, NULL};
-static const sdpa__impl flash_avx512 = {"flash-avx512", SDPA_ISA_AVX512,     &sdpa__uk_avx512,
-                                        NULL,           sdpa__flash_forward, NULL};
+static const sdpa__impl flash_avx2 = {
+    "flash-avx2", SDPA_ISA_AVX2, SDPA__NEEDS_AVX2, &sdpa__uk_avx2, NULL, sdpa__flash_forward, NULL};
+static const sdpa__impl flash_avx512 = {"flash-avx512",
+                                        SDPA_ISA_AVX512,
+                                        SDPA__NEEDS_AVX512,
+                                        &sdpa__uk_avx512,
+                                        NULL,
+                                        sdpa__flash_forward,
+                                        NULL};
 #endif
 
 static const sdpa__impl *const impls[] = {
-    &sdpa__impl_reference,
+    &reference,
     &flash_generic,
 #if defined(SDPA_HAVE_X86)
     &flash_avx2,
     &flash_avx512,
 #endif
 };
+enum { N_IMPLS = sizeof impls / sizeof impls[0] };
 
 const sdpa__impl *const *sdpa__impls(int *count) {
-    *count = (int)(sizeof impls / sizeof impls[0]);
+    *count = N_IMPLS;
     return impls;
 }
 
-const sdpa__impl *sdpa__select(sdpa_isa isa, sdpa__op op, const sdpa__problem *p) {
-    for (int n = (int)(sizeof impls / sizeof impls[0]) - 1; n > 0; n--) {
+uint32_t sdpa__impls_needs(void) {
+    uint32_t all = 0;
+    for (int n = 0; n < N_IMPLS; n++)
+        all |= impls[n]->needs;
+    return all;
+}
+
+int sdpa__impl_allowed(const sdpa__impl *impl, uint32_t features, sdpa_isa cap) {
+    return (impl->needs & ~features) == 0 && (cap == SDPA_ISA_AUTO || impl->level <= cap);
+}
+
+const sdpa__impl *sdpa__select(uint32_t features, sdpa_isa cap, sdpa__op op,
+                               const sdpa__problem *p) {
+    for (int n = N_IMPLS - 1; n > 0; n--) {
         const sdpa__impl *impl = impls[n];
         const int offers = op == SDPA__OP_FORWARD ? impl->forward != NULL : impl->weights != NULL;
-        if (offers && impl->isa <= isa && (impl->supports == NULL || impl->supports(p)))
+        if (offers && sdpa__impl_allowed(impl, features, cap) &&
+            (impl->supports == NULL || p == NULL || impl->supports(p)))
             return impl;
     }
     return impls[0];

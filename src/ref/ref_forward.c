@@ -9,7 +9,7 @@
 #include "ref.h"
 
 #include "../core/half.h"
-#include "../kernels/kernels.h"
+#include "../core/services.h"
 
 #include <math.h>
 
@@ -173,24 +173,3 @@ sdpa_status sdpa__ref_weights(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor
     sdpa__free(ctx, s);
     return SDPA_OK;
 }
-
-static sdpa_status ref_forward_entry(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
-                                     sdpa_tensor *out, sdpa_tensor *lse) {
-    (void)self;
-    return sdpa__ref_forward(ctx, p, out, lse);
-}
-
-static sdpa_status ref_weights_entry(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
-                                     sdpa_tensor *w) {
-    (void)self;
-    return sdpa__ref_weights(ctx, p, w);
-}
-
-const sdpa__impl sdpa__impl_reference = {
-    .name = "reference",
-    .isa = SDPA_ISA_GENERIC,
-    .uk = NULL,
-    .supports = NULL,
-    .forward = ref_forward_entry,
-    .weights = ref_weights_entry,
-};

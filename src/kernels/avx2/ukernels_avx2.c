@@ -1,7 +1,7 @@
 /*
  * ukernels_avx2.c — the flash micro-kernels for AVX2 with FMA; compiled with those flags for
  * this file only, and called only after the dispatcher has checked CPUID and XGETBV. See
- * kernels.h for what each computes.
+ * ukernels.h for what each computes.
  *
  * Register blocking: `mr` broadcast scalars times `nv` vectors of 8 floats, at most 12
  * accumulators of the 16 ymm registers; the block functions are always inlined with constant
@@ -13,7 +13,7 @@
  * error far below anything a softmax can see. NaN propagates. Relative error within 2 ulp
  * on [-87, 0] (tests/test_flash.c checks it).
  */
-#include "../kernels.h"
+#include "../ukernels.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -163,5 +163,13 @@ static void pv_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t 
 }
 
 const sdpa__ukernels sdpa__uk_avx2 = {
-    "avx2", SDPA_ISA_AVX2, 8, sdpa__pack_q_generic, qk_avx2, NULL, softmax_avx2, pv_avx2,
+    .name = "avx2",
+    .lanes = 8,
+    .pack_q = sdpa__pack_q_generic,
+    .qk = qk_avx2,
+    .qk_few = NULL,
+    .softmax = softmax_avx2,
+    .pv = pv_avx2,
+    .load_row = sdpa__load_row_generic,
+    .store_row = sdpa__store_row_generic,
 };

@@ -1,7 +1,7 @@
 /*
  * ukernels_avx512.c — the flash micro-kernels for AVX-512 (F, DQ, BW, VL) with FMA; compiled
  * with those flags for this file only, and called only after the dispatcher has checked CPUID
- * and XGETBV. See kernels.h for what each computes.
+ * and XGETBV. See ukernels.h for what each computes.
  *
  * Register blocking: a block of `mr` broadcast scalars times `nv` vectors of 16 floats, with
  * mr x nv <= 24 accumulators of the 32 zmm registers. The block functions are always inlined
@@ -12,7 +12,7 @@
  * applied with vscalefps, which also produces subnormals. Measured against double-precision
  * exp on [-100, 0], the relative error is within 2 ulp (tests/test_flash.c checks it).
  */
-#include "../kernels.h"
+#include "../ukernels.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -372,6 +372,13 @@ static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_
 }
 
 const sdpa__ukernels sdpa__uk_avx512 = {
-    "avx512",      SDPA_ISA_AVX512, 16,        pack_q_avx512, qk_avx512,
-    qk_few_avx512, softmax_avx512,  pv_avx512,
+    .name = "avx512",
+    .lanes = 16,
+    .pack_q = pack_q_avx512,
+    .qk = qk_avx512,
+    .qk_few = qk_few_avx512,
+    .softmax = softmax_avx512,
+    .pv = pv_avx512,
+    .load_row = sdpa__load_row_generic,
+    .store_row = sdpa__store_row_generic,
 };

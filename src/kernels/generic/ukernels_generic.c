@@ -1,9 +1,11 @@
 /*
- * ukernels_generic.c — the flash micro-kernels in portable C (see kernels.h for the
+ * ukernels_generic.c — the flash micro-kernels in portable C (see ukernels.h for the
  * contract of each). Always built, always available: the fallback on CPUs without AVX2 and
  * the readable statement of what the SIMD versions must compute. expf is the C library's.
  */
-#include "../kernels.h"
+#include "../ukernels.h"
+
+#include "../../core/half.h"
 
 #include <math.h>
 
@@ -97,7 +99,40 @@ void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_
     }
 }
 
+void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride, float *dst) {
+    const uint16_t *h = src;
+    for (int64_t c = 0; c < n; c++) {
+        if (elem == SDPA__ELEM_F16)
+            dst[c] = sdpa__f16_to_f32(h[c * stride]);
+        else if (elem == SDPA__ELEM_BF16)
+            dst[c] = sdpa__bf16_to_f32(h[c * stride]);
+        else
+            dst[c] = ((const float *)src)[c * stride];
+    }
+}
+
+void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,
+                             int64_t stride) {
+    uint16_t *h = dst;
+    for (int64_t c = 0; c < n; c++) {
+        const float x = src[c] * scale;
+        if (elem == SDPA__ELEM_F16)
+            h[c * stride] = sdpa__f64_to_f16((double)x);
+        else if (elem == SDPA__ELEM_BF16)
+            h[c * stride] = sdpa__f64_to_bf16((double)x);
+        else
+            ((float *)dst)[c * stride] = x;
+    }
+}
+
 const sdpa__ukernels sdpa__uk_generic = {
-    "generic",       SDPA_ISA_GENERIC, 8, sdpa__pack_q_generic, qk_generic, NULL,
-    softmax_generic, sdpa__pv_generic,
+    .name = "generic",
+    .lanes = 8,
+    .pack_q = sdpa__pack_q_generic,
+    .qk = qk_generic,
+    .qk_few = NULL,
+    .softmax = softmax_generic,
+    .pv = sdpa__pv_generic,
+    .load_row = sdpa__load_row_generic,
+    .store_row = sdpa__store_row_generic,
 };

@@ -1,11 +1,14 @@
 /*
- * ctx.c — the context: creation (CPU probe, ISA caps, thread count, allocator), destruction,
- * error messages, scratch allocation and the description shown by `sdpa info`.
+ * context.c — the context: creation (CPU probe, ISA caps, the implementation each operation
+ * runs, thread count, allocator), destruction, the services lower layers ask of it
+ * (core/services.h: error messages, scratch allocation, parallel loops) and the description
+ * shown by `sdpa info`.
  */
-#include "../dispatch/cpu.h"
-#include "../kernels/kernels.h"
-#include "../thread/pool.h"
-#include "internal.h"
+#include "context.h"
+
+#include "core/services.h"
+#include "dispatch/cpu.h"
+#include "thread/pool.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -79,18 +82,16 @@ static void append(char *buf, size_t cap, const char *fmt, ...) {
     va_end(ap);
 }
 
-static void describe(sdpa_ctx *ctx, const sdpa__cpu *cpu, sdpa_isa param_cap, const char *env,
+static void describe(sdpa_ctx *ctx, uint32_t features, sdpa_isa param_cap, const char *env,
                      int env_unknown, sdpa_isa env_cap) {
     char *d = ctx->describe;
     const size_t cap = sizeof ctx->describe;
+    char names[256];
     d[0] = '\0';
     append(d, cap, "sdpa %s\n", sdpa_version());
-    append(d, cap,
-           "cpu:      avx2=%d fma=%d f16c=%d avx512f=%d avx512bw=%d avx512dq=%d "
-           "avx512vl=%d avx512_bf16=%d avx512_fp16=%d amx_tile=%d amx_bf16=%d\n",
-           cpu->avx2, cpu->fma, cpu->f16c, cpu->avx512f, cpu->avx512bw, cpu->avx512dq,
-           cpu->avx512vl, cpu->avx512_bf16, cpu->avx512_fp16, cpu->amx_tile, cpu->amx_bf16);
-    append(d, cap, "cpu isa:  %s (CPUID and XGETBV)\n", sdpa_isa_name(cpu->best));
+    sdpa__cpu_feature_names(features, names, sizeof names);
+    append(d, cap, "cpu:      %s\n", names);
+    append(d, cap, "cpu isa:  %s (CPUID and XGETBV)\n", sdpa_isa_name(sdpa__cpu_level(features)));
     append(d, cap, "max_isa:  %s (context parameter)\n", sdpa_isa_name(param_cap));
     if (env == NULL)
         append(d, cap, "env:      SDPA_MAX_ISA not set\n");
@@ -101,14 +102,27 @@ static void describe(sdpa_ctx *ctx, const sdpa__cpu *cpu, sdpa_isa param_cap, co
                env);
     else
         append(d, cap, "env:      SDPA_MAX_ISA=%s\n", sdpa_isa_name(env_cap));
-    append(d, cap, "isa:      %s\n", sdpa_isa_name(ctx->isa));
+    append(d, cap, "isa:      %s\n", sdpa_isa_name(sdpa_ctx_isa(ctx)));
     append(d, cap, "threads:  %d\n", ctx->n_threads);
+    append(d, cap, "forward:  %s\n", ctx->impl[SDPA__OP_FORWARD]->name);
+    append(d, cap, "weights:  %s\n", ctx->impl[SDPA__OP_WEIGHTS]->name);
     int count;
     const sdpa__impl *const *list = sdpa__impls(&count);
     append(d, cap, "kernels:");
-    for (int n = count - 1; n >= 0; n--)
-        append(d, cap, " %s(%s%s)", list[n]->name, sdpa_isa_name(list[n]->isa),
-               list[n]->isa <= ctx->isa ? "" : ", unavailable");
+    for (int n = count - 1; n >= 0; n--) {
+        const sdpa__impl *impl = list[n];
+        const char *why = "";
+        if ((impl->needs & ~features) != 0)
+            why = ", unavailable: the CPU lacks ";
+        else if (!sdpa__impl_allowed(impl, features, ctx->cap))
+            why = ", unavailable: above the cap";
+        append(d, cap, " %s(%s%s", impl->name, sdpa_isa_name(impl->level), why);
+        if ((impl->needs & ~features) != 0) {
+            sdpa__cpu_feature_names(impl->needs & ~features, names, sizeof names);
+            append(d, cap, "%s", names);
+        }
+        append(d, cap, ")");
+    }
     append(d, cap, "\n");
 }
 
@@ -144,18 +158,23 @@ sdpa_status sdpa_ctx_create(const sdpa_ctx_params *params, sdpa_ctx **out) {
         return st;
     }
 
-    sdpa__cpu cpu;
-    sdpa__cpu_probe(&cpu);
-    ctx->cpu_isa = cpu.best;
-    ctx->isa = cpu.best;
-    if (params->max_isa != SDPA_ISA_AUTO && params->max_isa < ctx->isa)
-        ctx->isa = params->max_isa;
     const char *env = getenv("SDPA_MAX_ISA");
     int env_unknown = 0;
     const sdpa_isa env_cap = sdpa__parse_isa(env, &env_unknown);
-    if (env_cap != SDPA_ISA_AUTO && env_cap < ctx->isa)
-        ctx->isa = env_cap;
-    describe(ctx, &cpu, params->max_isa, env, env_unknown, env_cap);
+    ctx->cap = params->max_isa;
+    if (env_cap != SDPA_ISA_AUTO && (ctx->cap == SDPA_ISA_AUTO || env_cap < ctx->cap))
+        ctx->cap = env_cap;
+    sdpa__cpu cpu;
+    sdpa__cpu_probe(&cpu);
+    /* The tile permission is asked for only when a registered table needs it and the cap lets
+     * it run: it is a change to the process, never undone. */
+    if ((sdpa__impls_needs() & SDPA__CPU_AMX_PERM) &&
+        (ctx->cap == SDPA_ISA_AUTO || ctx->cap >= SDPA_ISA_AMX))
+        sdpa__cpu_request_tiles(&cpu);
+    ctx->features = cpu.features;
+    for (int op = 0; op < SDPA__N_OPS; op++)
+        ctx->impl[op] = sdpa__select(ctx->features, ctx->cap, (sdpa__op)op, NULL);
+    describe(ctx, ctx->features, params->max_isa, env, env_unknown, env_cap);
     *out = ctx;
     return SDPA_OK;
 }
@@ -177,7 +196,11 @@ int sdpa_ctx_n_threads(const sdpa_ctx *ctx) {
 }
 
 sdpa_isa sdpa_ctx_isa(const sdpa_ctx *ctx) {
-    return ctx == NULL ? SDPA_ISA_GENERIC : ctx->isa;
+    return ctx == NULL ? SDPA_ISA_GENERIC : ctx->impl[SDPA__OP_FORWARD]->level;
+}
+
+const char *sdpa_ctx_kernel(const sdpa_ctx *ctx) {
+    return ctx == NULL ? "" : ctx->impl[SDPA__OP_FORWARD]->name;
 }
 
 const char *sdpa_ctx_describe(const sdpa_ctx *ctx) {

@@ -1,0 +1,29 @@
+/*
+ * context.h — the context struct, seen only by the two top-level files: context.c (creation,
+ * the services of core/services.h, the description) and api.c (the entry points).
+ */
+#ifndef SDPA_CONTEXT_H
+#define SDPA_CONTEXT_H
+
+#include "dispatch/impl.h"
+#include "sdpa.h"
+
+#include <stdint.h>
+
+#define SDPA__ERR_LEN 512
+#define SDPA__DESCRIBE_LEN 1024
+
+struct sdpa__pool; /* thread/pool.h */
+
+struct sdpa_ctx {
+    int n_threads;
+    struct sdpa__pool *pool; /* n_threads - 1 workers; the calling thread is the last one */
+    uint32_t features;       /* SDPA__CPU_* the CPU and OS provide (tile permission included) */
+    sdpa_isa cap;            /* the lower of max_isa and SDPA_MAX_ISA; SDPA_ISA_AUTO = none */
+    const sdpa__impl *impl[SDPA__N_OPS]; /* what each operation runs for ordinary problems */
+    sdpa_allocator allocator;
+    char err[SDPA__ERR_LEN];
+    char describe[SDPA__DESCRIBE_LEN];
+};
+
+#endif /* SDPA_CONTEXT_H */

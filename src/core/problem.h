@@ -1,0 +1,92 @@
+/*
+ * problem.h — the validated attention problem every implementation receives, and the one
+ * statement of the window rule: which keys a query may see, which keys a block of queries
+ * may see, which queries see a block of keys. The reference and every driver ask these
+ * functions rather than redo the arithmetic.
+ *
+ * Contract: an sdpa__problem is only ever built by the validator (validate.h). Implementations
+ * may therefore rely on every field being consistent: extents in range, address spans
+ * representable, the mask expanded to (B, Hq, Lq, Lk) with stride 0 on broadcast extents,
+ * causal folded into window_right, window bounds beyond Lq + Lk made open, and the scale
+ * resolved.
+ */
+#ifndef SDPA_PROBLEM_H
+#define SDPA_PROBLEM_H
+
+#include "sdpa.h"
+
+#include <stdint.h>
+
+/* A validated attention problem. Tensors are copies of the caller's views. */
+typedef struct sdpa__problem {
+    int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
+    int64_t group;        /* Hq / Hkv: query head h reads kv head h / group */
+    double scale;         /* resolved: never 0 unless the caller asked for a tiny scale */
+    double softcap;       /* 0 = off */
+    int64_t off;          /* 0 (top-left) or Lk - Lq (bottom-right) */
+    int64_t window_left;  /* -1 = open */
+    int64_t window_right; /* -1 = open; 0 when causal */
+    const float *alibi;   /* NULL or Hq slopes */
+    int has_mask;
+    sdpa_tensor q, k, v;
+    sdpa_tensor mask; /* valid when has_mask: shape (B, Hq, Lq, Lk), broadcast strides 0 */
+} sdpa__problem;
+
+/* Offset in elements of element (i0, i1, i2, i3) of t. */
+static inline int64_t sdpa__offset(const sdpa_tensor *t, int64_t i0, int64_t i1, int64_t i2,
+                                   int64_t i3) {
+    return i0 * t->stride[0] + i1 * t->stride[1] + i2 * t->stride[2] + i3 * t->stride[3];
+}
+
+/* The keys query i may see under the window rule (causal folded in): [*lo, *hi], inclusive.
+ * An open side is Lq + Lk beyond any key index, so the bounds need no clamping to compare. The
+ * bool and additive masks are applied separately. */
+static inline void sdpa__row_keys(const sdpa__problem *p, int64_t i, int64_t *lo, int64_t *hi) {
+    const int64_t open = p->Lq + p->Lk;
+    *lo = p->window_left >= 0 ? i + p->off - p->window_left : -open;
+    *hi = p->window_right >= 0 ? i + p->off + p->window_right : open;
+}
+
+/* Whether key j is visible to query i under the window rule. */
+static inline int sdpa__visible(const sdpa__problem *p, int64_t i, int64_t j) {
+    int64_t lo, hi;
+    sdpa__row_keys(p, i, &lo, &hi);
+    return lo <= j && j <= hi;
+}
+
+/* The keys [*ja, *jb) that some query of [i0, i1) may see, within [0, Lk) (empty when
+ * *ja >= *jb). Queries are sorted, so these are the first row's lower and the last row's
+ * upper bound. */
+static inline void sdpa__block_keys(const sdpa__problem *p, int64_t i0, int64_t i1, int64_t *ja,
+                                    int64_t *jb) {
+    int64_t lo, hi, lo_last, hi_last;
+    sdpa__row_keys(p, i0, &lo, &hi);
+    sdpa__row_keys(p, i1 - 1, &lo_last, &hi_last);
+    *ja = lo > 0 ? lo : 0;
+    *jb = hi_last + 1 < p->Lk ? hi_last + 1 : p->Lk;
+}
+
+/* Whether every query of [i0, i1) may see every key of [j0, j1) under the window rule. */
+static inline int sdpa__block_whole(const sdpa__problem *p, int64_t i0, int64_t i1, int64_t j0,
+                                    int64_t j1) {
+    int64_t lo, hi, lo_last, hi_last;
+    sdpa__row_keys(p, i0, &lo, &hi);
+    sdpa__row_keys(p, i1 - 1, &lo_last, &hi_last);
+    return j1 - 1 <= hi && j0 >= lo_last;
+}
+
+/* The queries [*first, *last) of [i0, i1) that may see some key of [j0, j1) (empty when
+ * *first >= *last): query i sees one when its upper bound reaches j0 and its lower bound
+ * reaches j1 - 1. */
+static inline void sdpa__block_queries(const sdpa__problem *p, int64_t j0, int64_t j1, int64_t i0,
+                                       int64_t i1, int64_t *first, int64_t *last) {
+    int64_t a = i0, z = i1;
+    if (p->window_right >= 0 && j0 - p->off - p->window_right > a)
+        a = j0 - p->off - p->window_right;
+    if (p->window_left >= 0 && j1 - 1 - p->off + p->window_left + 1 < z)
+        z = j1 - 1 - p->off + p->window_left + 1;
+    *first = a;
+    *last = z;
+}
+
+#endif /* SDPA_PROBLEM_H */

@@ -1,0 +1,77 @@
+/*
+ * ukernels.h — the micro-kernel ABI: one table of function pointers per ISA
+ * (src/kernels/<isa>/), called by the drivers in src/attn/. Only fixed-width types cross it,
+ * so a kernel file sees nothing of the library but this header. Which CPU features a table
+ * needs is said where it is registered (src/dispatch/dispatch.c).
+ *
+ * The tiled forward works on a tile of query rows against a tile of keys with the scores kept
+ * TRANSPOSED, s[j * lds + r] for key j and query row r, so that the online softmax runs down
+ * columns: every SIMD lane is one query row, and max, exp and sum need no horizontal
+ * reductions. Query rows are padded to a multiple of `lanes`; keys are not padded. All
+ * matrices are f32 with strides in elements (K and V strides may be 0 or negative: they can
+ * point straight into the caller's tensors).
+ */
+#ifndef SDPA_UKERNELS_H
+#define SDPA_UKERNELS_H
+
+#include <stdint.h>
+
+/* Element types the widening and storing entries take; the values are those of sdpa_dtype. */
+enum sdpa__elem { SDPA__ELEM_F32 = 0, SDPA__ELEM_F16 = 1, SDPA__ELEM_BF16 = 2 };
+
+/* The most query rows qk_few takes. */
+#define SDPA__FEW_ROWS 4
+
+typedef struct sdpa__ukernels {
+    const char *name;
+    int lanes; /* query rows per vector; nr arguments below are multiples of it */
+    /* qt[d*ldq + r] = rows[r][d] for r < nr, d < dk, and 0 for nr <= r < round_up(nr, lanes):
+     * the query rows of a task, transposed so that rows run along the vector lanes */
+    void (*pack_q)(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);
+    /* s[j*lds + r] = scale * sum_d k[j*ldk + d] * qt[d*ldq + r]   for j < nk, r < nr
+     * (the scale is applied to the finished dot product, as the reference does) */
+    void (*qk)(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk, const float *qt,
+               int64_t ldq, float scale, float *s, int64_t lds);
+    /* Optional (NULL: not offered), for a decode step's few query rows: the scores of nr <= 4
+     * rows given row-major (q_rows[r][d]), as qk computes them, into lanes [0, nr) of one
+     * vector of lanes per key; lanes [nr, lanes) are set to 0. Where qk would spend a whole
+     * vector of FMAs per key and feature on 4 useful lanes, this runs along the features. */
+    void (*qk_few)(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                   const float *const *q_rows, float scale, float *s, int64_t lds);
+    /* The online-softmax step for nk keys, for every row r < nr:
+     *   m' = max(m[r], max_j s[j][r]);  u = (m' == -inf ? 0 : m')
+     *   alpha[r] = exp(m[r] - u);  s[j][r] = (s == -inf ? -0.0f : exp(s - u))
+     *   l[r] = l[r] * alpha[r] + sum_j s[j][r];  m[r] = m'
+     * -0.0 marks hidden keys (exp never returns it), so that a careful P.V can skip them.
+     * @return nonzero if any score was -inf (some key is hidden from some row). */
+    int (*softmax)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l, float *alpha);
+    /* o[r*ldo + c] = alpha[r] * o[r*ldo + c] + sum_j p[j*ldp + r] * v[j*ldv + c]
+     * for r < nr (not padded), c < dv. */
+    void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,
+               const float *v, int64_t ldv, float *o, int64_t ldo);
+    /* Widening: dst[c] = src[c * stride] for c < n, where src holds elements of type elem
+     * (enum sdpa__elem), exactly (every f16 and bf16 value is an f32). */
+    void (*load_row)(int elem, int64_t n, const void *src, int64_t stride, float *dst);
+    /* Storing: dst[c * stride] = src[c] * scale, the product formed in f32 and rounded once
+     * to elem, to nearest with ties to even. */
+    void (*store_row)(int elem, int64_t n, const float *src, float scale, void *dst,
+                      int64_t stride);
+} sdpa__ukernels;
+
+/* The portable table, always built. */
+extern const sdpa__ukernels sdpa__uk_generic;
+/* Its entries that other tables share where they have nothing faster: the P V that skips
+ * hidden keys (also the careful P V for V tiles with NaN/Inf), the Q pack, and the scalar
+ * widening and storing. */
+void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo);
+void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);
+void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride, float *dst);
+void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,
+                             int64_t stride);
+
+/* The x86 tables, built where the compiler targets x86. */
+extern const sdpa__ukernels sdpa__uk_avx2;
+extern const sdpa__ukernels sdpa__uk_avx512;
+
+#endif /* SDPA_UKERNELS_H */
