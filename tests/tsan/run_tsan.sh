@@ -2,11 +2,12 @@
 # run_tsan.sh BUILD_DIR [SOURCE_DIR] — the thread pool and the determinism tests under
 # ThreadSanitizer (testing.md, "Determinism").
 #
-# Configures a separate build in BUILD_DIR with -fsanitize=thread (ThreadSanitizer cannot be
-# combined with the AddressSanitizer build), builds test_pool and test_properties (which
-# compares results across thread counts) and runs them with halt_on_error=1, so that a data
-# race fails the test instead of only printing a report. The compiler is $CC or cc; gcc >= 7
-# and clang both support -fsanitize=thread. Exits non-zero on any failure.
+# Configures a separate build in BUILD_DIR with the project's SDPA_TSAN option
+# (ThreadSanitizer cannot be combined with the AddressSanitizer build), builds test_pool,
+# test_properties (which compares results across thread counts) and test_threads, and runs
+# them with halt_on_error=1, so that a data race fails the test instead of only printing a
+# report. The compiler is $CC or cc; gcc >= 7 and clang both support -fsanitize=thread. Exits
+# non-zero on any failure.
 set -euo pipefail
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
@@ -25,13 +26,9 @@ fail() {
 
 command -v cmake >/dev/null 2>&1 || fail "cmake is not installed"
 
-# Debug adds only -g, so the -O1 below stays in force (Release would append -O3). The
-# sanitizer must reach the link of every program too.
-cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Debug \
-    -DCMAKE_C_FLAGS="-fsanitize=thread -g -O1" \
-    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
-    -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
-    -DSDPA_SANITIZE=OFF -DSDPA_BUILD_CLI=OFF -DSDPA_BUILD_TESTS=ON >/dev/null ||
+# Debug adds only -g, so SDPA_TSAN's -O1 stays in force (Release would append -O3).
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Debug -DSDPA_TSAN=ON -DSDPA_SANITIZE=OFF \
+    -DSDPA_BUILD_CLI=OFF -DSDPA_BUILD_TESTS=ON >/dev/null ||
     fail "configure failed"
 jobs=$(nproc 2>/dev/null || echo 2)
 cmake --build "$build" -j "$jobs" --target "${tests[@]}" || fail "build failed"
