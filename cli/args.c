@@ -23,6 +23,20 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     return CLI_USAGE;
 }
 
+int cli_is_help(const char *arg) {
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+}
+
+int cli_no_options(const char *cmd, int argc, char **argv, const char *help) {
+    if (argc == 0)
+        return -1;
+    if (cli_is_help(argv[0])) {
+        puts(help);
+        return CLI_OK;
+    }
+    return cli_usage_error(cmd, "unknown option '%s'", argv[0]);
+}
+
 int cli_option_value(int argc, char **argv, int *i, const char *opt, const char **val) {
     const size_t n = strlen(opt);
     if (strncmp(argv[*i], opt, n) != 0)

@@ -15,6 +15,15 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 #endif
     ;
 
+/* @return 1 if arg asks for the help text: "--help" or "-h". */
+int cli_is_help(const char *arg);
+
+/* The arguments of a subcommand that takes no options: the help text (puts: a newline is
+ * added) for --help or -h, a usage error for anything else.
+ * @return -1 when there are no arguments (go on), else the exit code (CLI_OK after the
+ *         help, CLI_USAGE after the message). */
+int cli_no_options(const char *cmd, int argc, char **argv, const char *help);
+
 /* @return 1 if argv[*i] is opt, as "--opt VALUE" (then *i moves to the value) or
  * "--opt=VALUE", with the value in *val (NULL when "--opt" is last); 0 otherwise. */
 int cli_option_value(int argc, char **argv, int *i, const char *opt, const char **val);

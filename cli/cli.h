@@ -12,6 +12,6 @@ int cli_info(int argc, char **argv);
 int cli_run(int argc, char **argv);     /* run.c */
 int cli_explain(int argc, char **argv); /* explain.c */
 int cli_heatmap(int argc, char **argv); /* heatmap_cmd.c */
-int cli_bench(int argc, char **argv);   /* bench/bench.c */
+int cli_bench(int argc, char **argv);   /* bench.c */
 
 #endif

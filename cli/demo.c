@@ -1,12 +1,15 @@
 /*
  * demo.c — `sdpa demo`: the seeds' worked example, 4 tokens with d_model = 8 and seed 42,
- * step by step. The inputs are the numbers PyTorch draws after torch.manual_seed(42)
- * (torch_rng.c), so the printout can be read side by side with the seeds. The attention
- * weights and the output come from the library's public API (sdpa_weights, sdpa_forward);
- * the scores are computed here, by hand, because showing them is the point of the lesson.
+ * step by step. It is the short version of `sdpa explain`'s walk-through (explain.h): the
+ * same inputs, the numbers PyTorch draws after torch.manual_seed(42), the same arithmetic for
+ * the scores, and the same library calls for the attention weights (sdpa_weights) and the
+ * output (sdpa_forward); only the printout is shorter. It ends with one timed call at a
+ * larger shape.
  */
 #include "args.h"
+#include "bench.h" /* bench_now_s, the clock of the speed line */
 #include "cli.h"
+#include "explain.h"
 #include "torch_rng.h"
 
 #include "sdpa.h"
@@ -14,36 +17,32 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 enum { N = 4, DM = 8 };
 
-static void print_matrix(const char *title, const float *m, int rows, int cols) {
+static const char help[] =
+    "usage: sdpa demo\n\n"
+    "Walks through scaled dot-product attention on 4 tokens with d_model = 8,\n"
+    "the inputs PyTorch draws after torch.manual_seed(42): X, the projections\n"
+    "Q, K, V, the scores Q K^T, the scaled scores, the softmax weights (with\n"
+    "their row sums) and the output, then times one larger call.";
+
+static void print_matrix(const char *title, const double *m, int rows, int cols) {
     printf("%s (%d x %d) =\n", title, rows, cols);
     for (int i = 0; i < rows; i++) {
         printf("  [");
         for (int j = 0; j < cols; j++)
-            printf("%s%7.2f", j ? " " : "", (double)m[i * cols + j]);
+            printf("%s%7.2f", j ? " " : "", m[i * cols + j]);
         printf(" ]\n");
     }
     printf("\n");
 }
 
-/* c (n x p) = a (n x m) @ b (m x p), accumulated in double. */
-static void matmul(const float *a, const float *b, float *c, int n, int m, int p) {
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < p; j++) {
-            double acc = 0.0;
-            for (int k = 0; k < m; k++)
-                acc += (double)a[i * m + k] * (double)b[k * p + j];
-            c[i * p + j] = (float)acc;
-        }
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+static void print_matrix_f(const char *title, const float *m, int rows, int cols) {
+    double tmp[N * DM];
+    for (int i = 0; i < rows * cols; i++)
+        tmp[i] = m[i];
+    print_matrix(title, tmp, rows, cols);
 }
 
 /* One timed forward pass at a larger shape, so the demo ends with a sense of speed. */
@@ -61,12 +60,12 @@ static int speed_line(sdpa_ctx *ctx) {
     sdpa_tensor to = sdpa_tensor_bhld(o, SDPA_F32, 1, H, L, D);
     double best = INFINITY;
     for (int rep = 0; rep < 3; rep++) {
-        const double t0 = now_seconds();
+        const double t0 = bench_now_s();
         if (sdpa_forward(ctx, &tq, &tk, &tv, NULL, &to, NULL) != SDPA_OK) {
             fprintf(stderr, "sdpa demo: %s\n", sdpa_ctx_last_error(ctx));
             return CLI_RUNTIME;
         }
-        const double t = now_seconds() - t0;
+        const double t = bench_now_s() - t0;
         if (t < best)
             best = t;
     }
@@ -78,27 +77,15 @@ static int speed_line(sdpa_ctx *ctx) {
 }
 
 int cli_demo(int argc, char **argv) {
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            puts("usage: sdpa demo\n\n"
-                 "Walks through scaled dot-product attention on 4 tokens with d_model = 8,\n"
-                 "the inputs PyTorch draws after torch.manual_seed(42): X, the projections\n"
-                 "Q, K, V, the scores Q K^T, the scaled scores, the softmax weights (with\n"
-                 "their row sums) and the output, then times one larger call.");
-            return CLI_OK;
-        }
-        return cli_usage_error("demo", "unknown option '%s'", argv[i]);
-    }
+    const int prc = cli_no_options("demo", argc, argv, help);
+    if (prc >= 0)
+        return prc;
 
-    float x[N * DM], wq[DM * DM], wk[DM * DM], wv[DM * DM];
-    float q[N * DM], k[N * DM], v[N * DM];
-    float scores[N * N], scaled[N * N], weights[N * N], out[N * DM], lse[N];
-    torch_rng r;
-    torch_rng_seed(&r, 42);
-    torch_rng_randn(&r, x, N * DM);
-    torch_rng_randn(&r, wq, DM * DM);
-    torch_rng_randn(&r, wk, DM * DM);
-    torch_rng_randn(&r, wv, DM * DM);
+    static explain e;
+    float weights[N * N], out[N * DM], lse[N];
+    memset(&e, 0, sizeof e);
+    explain_generate(&e, 42, N, DM);
+    explain_compute(&e);
 
     printf("Scaled dot-product attention, step by step\n"
            "==========================================\n\n"
@@ -106,38 +93,25 @@ int cli_demo(int argc, char **argv) {
            "1. Four tokens, each an embedding of d_model = %d numbers (torch.manual_seed(42);\n"
            "   X = torch.randn(4, 8)):\n\n",
            DM);
-    print_matrix("X", x, N, DM);
+    print_matrix_f("X", e.x, N, DM);
 
     printf("2. Each token plays three roles. Three learned matrices (random here) project it:\n"
            "   Q = X W_Q (what am I looking for?), K = X W_K (what do I offer to be found\n"
            "   by?), V = X W_V (what do I hand over if chosen?). d_k = d_v = %d.\n\n",
            DM);
-    matmul(x, wq, q, N, DM, DM);
-    matmul(x, wk, k, N, DM, DM);
-    matmul(x, wv, v, N, DM, DM);
-    print_matrix("Q", q, N, DM);
-    print_matrix("K", k, N, DM);
-    print_matrix("V", v, N, DM);
+    print_matrix_f("Q", e.q, N, DM);
+    print_matrix_f("K", e.k, N, DM);
+    print_matrix_f("V", e.v, N, DM);
 
     printf("3. Scores: every query against every key. Entry [i, j] = Q[i] . K[j], how well\n"
            "   token i's question matches token j's label. This is the N^2 part.\n\n");
-    for (int i = 0; i < N; i++)
-        for (int j = 0; j < N; j++) {
-            double acc = 0.0;
-            for (int d = 0; d < DM; d++)
-                acc += (double)q[i * DM + d] * (double)k[j * DM + d];
-            scores[i * N + j] = (float)acc;
-        }
-    print_matrix("scores = Q K^T", scores, N, N);
+    print_matrix("scores = Q K^T", e.scores, N, N);
 
-    const double scale = 1.0 / sqrt((double)DM);
     printf("4. Scale by 1/sqrt(d_k) = 1/%.2f. A dot product of d_k terms of variance 1 has\n"
            "   variance d_k; dividing by sqrt(d_k) brings it back to about 1, so the\n"
            "   softmax is not pushed into saturation.\n\n",
            sqrt((double)DM));
-    for (int i = 0; i < N * N; i++)
-        scaled[i] = (float)(scores[i] * scale);
-    print_matrix("scaled scores", scaled, N, N);
+    print_matrix("scaled scores", e.scaled, N, N);
 
     sdpa_ctx *ctx;
     sdpa_status st = sdpa_ctx_create(NULL, &ctx);
@@ -145,14 +119,7 @@ int cli_demo(int argc, char **argv) {
         fprintf(stderr, "sdpa demo: cannot create a context: %s\n", sdpa_status_str(st));
         return CLI_RUNTIME;
     }
-    sdpa_tensor tq = sdpa_tensor_bhld(q, SDPA_F32, 1, 1, N, DM);
-    sdpa_tensor tk = sdpa_tensor_bhld(k, SDPA_F32, 1, 1, N, DM);
-    sdpa_tensor tv = sdpa_tensor_bhld(v, SDPA_F32, 1, 1, N, DM);
-    sdpa_tensor tw = sdpa_tensor_bhld(weights, SDPA_F32, 1, 1, N, N);
-    sdpa_tensor to = sdpa_tensor_bhld(out, SDPA_F32, 1, 1, N, DM);
-    sdpa_tensor tl = sdpa_tensor_bhld(lse, SDPA_F32, 1, 1, N, 1);
-    if (sdpa_weights(ctx, &tq, &tk, NULL, &tw) != SDPA_OK ||
-        sdpa_forward(ctx, &tq, &tk, &tv, NULL, &to, &tl) != SDPA_OK) {
+    if (explain_library(&e, ctx, weights, out, lse) != SDPA_OK) {
         fprintf(stderr, "sdpa demo: %s\n", sdpa_ctx_last_error(ctx));
         sdpa_ctx_destroy(ctx);
         return CLI_RUNTIME;
@@ -174,14 +141,16 @@ int cli_demo(int argc, char **argv) {
 
     printf("6. Output: each token's new vector is the weighted sum of the values,\n"
            "   out[i] = sum_j weights[i, j] V[j] (sdpa_forward, one fused pass):\n\n");
-    print_matrix("out", out, N, DM);
+    print_matrix_f("out", out, N, DM);
 
+    /* weights @ V by hand, on purpose: the check ties sdpa_weights to sdpa_forward, which the
+     * walk-through's own output (computed by the library) could not do */
     double max_diff = 0.0;
     for (int i = 0; i < N; i++)
         for (int d = 0; d < DM; d++) {
             double acc = 0.0;
             for (int j = 0; j < N; j++)
-                acc += (double)weights[i * N + j] * (double)v[j * DM + d];
+                acc += (double)weights[i * N + j] * (double)e.v[j * DM + d];
             const double diff = fabs(acc - (double)out[i * DM + d]);
             if (diff > max_diff)
                 max_diff = diff;

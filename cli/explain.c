@@ -7,15 +7,15 @@
  * PyTorch draws after torch.manual_seed(42) (torch_rng.c), so the printout can be read side by
  * side with the notebook.
  *
- * Every step is computed here, plainly and in double precision, because showing it is the
- * point; the library is called only at the end, as the thing being checked. The layout code
- * (80-column tables and word-wrapped prose, colour only on a terminal) is in explain_print.c.
+ * This file is the narration: the options, and each step's prose, tables and worked sums.
+ * The inputs come from explain_input.c; every step is computed by explain_calc.c, plainly
+ * and in double precision, because showing it is the point; the library is called only at
+ * the end, as the thing being checked. The layout code (80-column tables and word-wrapped
+ * prose, colour only on a terminal) is in explain_print.c.
  */
 #include "args.h"
 #include "cli.h"
-#include "explain_print.h"
-#include "npy.h"
-#include "torch_rng.h"
+#include "explain.h"
 
 #include "sdpa.h"
 
@@ -24,8 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-enum { MAX_L = 16, MAX_D = 16 };
 
 static const char usage[] =
     "usage: sdpa explain [--n N] [--d D] [--seed S] [--causal] [--no-color]\n"
@@ -63,31 +61,8 @@ static const char usage[] =
     "\n"
     "exit codes: 0 ok, 1 runtime error (a file, a failed check), 2 usage error.\n";
 
-/* Everything one walk-through needs. The inputs are float32, as the library takes them; every
- * intermediate is double, so the step-by-step numbers are the exact values of the maths and
- * the final comparison measures the library alone. */
-typedef struct explain {
-    /* where the inputs come from */
-    int generated; /* 1: from the seed; 0: the user's files */
-    int n_model;   /* generated: d_model */
-    unsigned long long seed;
-    const char *qname, *kname, *vname;
-    int causal;
-    xp_out out;
-    int step;
-
-    int lq, lk, dk, dv;
-    float x[MAX_L * MAX_D];
-    float q[MAX_L * MAX_D], k[MAX_L * MAX_D], v[MAX_L * MAX_D];
-
-    double scores[MAX_L * MAX_L]; /* q_i . k_j */
-    double scaled[MAX_L * MAX_L]; /* scores / sqrt(d_k); -inf where the mask hides a key */
-    double w[MAX_L * MAX_L];      /* softmax of each row of scaled */
-    double o[MAX_L * MAX_D];      /* w V */
-} explain;
-
 /* ---------------------------------------------------------------------------------------- */
-/* Options and inputs                                                                        */
+/* Options                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
 static int parse_seed(const char *s, unsigned long long *out) {
@@ -100,204 +75,6 @@ static int parse_seed(const char *s, unsigned long long *out) {
         return -1;
     *out = val;
     return 0;
-}
-
-/* IEEE binary16 to float: explain accepts '<f2' files as well as '<f4'. */
-static float half_to_float(uint16_t h) {
-    const int sign = h >> 15, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    double val;
-    if (exp == 0)
-        val = ldexp((double)man, -24); /* zero or subnormal */
-    else if (exp == 31)
-        val = man ? NAN : INFINITY;
-    else
-        val = ldexp((double)(man | 0x400), exp - 25);
-    return (float)(sign ? -val : val);
-}
-
-static void shape_str(const npy_array *a, char *buf, size_t len) {
-    size_t n = (size_t)snprintf(buf, len, "(");
-    for (int i = 0; i < a->ndim && n < len; i++)
-        n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? ", " : "", (long long)a->shape[i]);
-    if (n < len)
-        snprintf(buf + n, len - n, a->ndim == 1 ? ",)" : ")");
-}
-
-/* Loads one of the user's arrays: rank 2, float32 or float16, at most MAX_L x MAX_D, finite.
- * Prints the problem to stderr and returns CLI_RUNTIME on any failure. */
-static int load_matrix(const char *path, const char *what, float *dst, int *rows, int *cols,
-                       char *shape, size_t shape_len) {
-    char err[512];
-    npy_array a;
-    memset(&a, 0, sizeof a);
-    if (npy_load(path, 0, &a, err, sizeof err) != 0) {
-        fprintf(stderr, "sdpa explain: %s\n", err);
-        return CLI_RUNTIME;
-    }
-    shape_str(&a, shape, shape_len);
-    int rc = CLI_RUNTIME;
-    if (a.ndim != 2)
-        fprintf(stderr,
-                "sdpa explain: %s: shape %s; explain takes the %s as a rank-2 (L, D) array\n", path,
-                shape, what);
-    else if (a.shape[0] < 1 || a.shape[1] < 1 || a.shape[0] > MAX_L || a.shape[1] > MAX_D)
-        fprintf(stderr,
-                "sdpa explain: %s: shape %s; explain shows arrays from 1 x 1 up to %d x %d "
-                "('sdpa run' takes any size)\n",
-                path, shape, MAX_L, MAX_D);
-    else if (a.dtype != SDPA_F32 && a.dtype != SDPA_F16)
-        fprintf(stderr, "sdpa explain: %s: dtype %s; explain takes float32 or float16\n", path,
-                sdpa_dtype_name(a.dtype));
-    else
-        rc = CLI_OK;
-    if (rc == CLI_OK) {
-        *rows = (int)a.shape[0];
-        *cols = (int)a.shape[1];
-        for (int64_t i = 0; i < a.count; i++) {
-            dst[i] = a.dtype == SDPA_F32 ? ((const float *)a.data)[i]
-                                         : half_to_float(((const uint16_t *)a.data)[i]);
-            /* NaN or Inf would turn every step into NaN: nothing left to explain. */
-            if (!isfinite(dst[i])) {
-                fprintf(stderr,
-                        "sdpa explain: %s: element %lld is %s; explain needs finite numbers\n",
-                        path, (long long)i, isnan(dst[i]) ? "NaN" : "infinite");
-                rc = CLI_RUNTIME;
-                break;
-            }
-        }
-    }
-    npy_free(&a);
-    return rc;
-}
-
-static int load_user_inputs(explain *e) {
-    char qs[96], ks[96], vs[96];
-    int qr, qc, kr, kc, vr, vc, rc;
-    if ((rc = load_matrix(e->qname, "queries", e->q, &qr, &qc, qs, sizeof qs)) != CLI_OK ||
-        (rc = load_matrix(e->kname, "keys", e->k, &kr, &kc, ks, sizeof ks)) != CLI_OK ||
-        (rc = load_matrix(e->vname, "values", e->v, &vr, &vc, vs, sizeof vs)) != CLI_OK)
-        return rc;
-    if (qc != kc) {
-        fprintf(stderr,
-                "sdpa explain: %s has shape %s but %s has shape %s: queries and keys must "
-                "have the same d_k (%d vs %d)\n",
-                e->qname, qs, e->kname, ks, qc, kc);
-        return CLI_RUNTIME;
-    }
-    if (kr != vr) {
-        fprintf(stderr,
-                "sdpa explain: %s has shape %s but %s has shape %s: there must be one value "
-                "per key (%d keys vs %d values)\n",
-                e->kname, ks, e->vname, vs, kr, vr);
-        return CLI_RUNTIME;
-    }
-    e->lq = qr;
-    e->lk = kr;
-    e->dk = qc;
-    e->dv = vc;
-    return CLI_OK;
-}
-
-/* c (n x p) = a (n x m) @ b (m x p), accumulated in double and rounded once to float: Q, K
- * and V are float32 inputs of the library like any other. */
-static void matmul(const float *a, const float *b, float *c, int n, int m, int p) {
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < p; j++) {
-            double acc = 0.0;
-            for (int t = 0; t < m; t++)
-                acc += (double)a[i * m + t] * (double)b[t * p + j];
-            c[i * p + j] = (float)acc;
-        }
-}
-
-/* The notebook's order: X first, then W_Q, W_K, W_V, all from one generator. */
-static void generate_inputs(explain *e) {
-    static float wq[MAX_D * MAX_D], wk[MAX_D * MAX_D], wv[MAX_D * MAX_D];
-    const int n = e->lq, d = e->n_model;
-    torch_rng r;
-    torch_rng_seed(&r, e->seed);
-    torch_rng_randn(&r, e->x, (int64_t)n * d);
-    torch_rng_randn(&r, wq, (int64_t)d * d);
-    torch_rng_randn(&r, wk, (int64_t)d * d);
-    torch_rng_randn(&r, wv, (int64_t)d * d);
-    matmul(e->x, wq, e->q, n, d, d);
-    matmul(e->x, wk, e->k, n, d, d);
-    matmul(e->x, wv, e->v, n, d, d);
-    e->lk = n;
-    e->dk = e->dv = d;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* The arithmetic, plainly                                                                   */
-/* ---------------------------------------------------------------------------------------- */
-
-/* PyTorch's is_causal (top-left): query i sees keys 0..i. */
-static int visible(const explain *e, int i, int j) {
-    return !e->causal || j <= i;
-}
-
-static void compute(explain *e) {
-    const double scale = 1.0 / sqrt((double)e->dk);
-    for (int i = 0; i < e->lq; i++) {
-        for (int j = 0; j < e->lk; j++) {
-            double acc = 0.0;
-            for (int t = 0; t < e->dk; t++)
-                acc += (double)e->q[i * e->dk + t] * (double)e->k[j * e->dk + t];
-            e->scores[i * e->lk + j] = acc;
-            e->scaled[i * e->lk + j] = visible(e, i, j) ? acc * scale : -INFINITY;
-        }
-        /* Subtracting the row's largest score first keeps exp() from overflowing; it cancels
-         * in the division. Row 0 always sees key 0, so no row is fully masked. */
-        const double *s = e->scaled + i * e->lk;
-        double m = -INFINITY, sum = 0.0;
-        for (int j = 0; j < e->lk; j++)
-            m = s[j] > m ? s[j] : m;
-        for (int j = 0; j < e->lk; j++)
-            sum += exp(s[j] - m);
-        for (int j = 0; j < e->lk; j++)
-            e->w[i * e->lk + j] = exp(s[j] - m) / sum;
-        for (int f = 0; f < e->dv; f++) {
-            double acc = 0.0;
-            for (int j = 0; j < e->lk; j++)
-                acc += e->w[i * e->lk + j] * (double)e->v[j * e->dv + f];
-            e->o[i * e->dv + f] = acc;
-        }
-    }
-}
-
-/* Unbiased sample variance (torch.var's default); needs n >= 2. */
-static double sample_var(const double *x, int n) {
-    double mean = 0.0, ss = 0.0;
-    for (int i = 0; i < n; i++)
-        mean += x[i];
-    mean /= n;
-    for (int i = 0; i < n; i++)
-        ss += (x[i] - mean) * (x[i] - mean);
-    return ss / (n - 1);
-}
-
-static double sample_var_f(const float *x, int n) {
-    static double tmp[MAX_L * MAX_D];
-    for (int i = 0; i < n; i++)
-        tmp[i] = x[i];
-    return sample_var(tmp, n);
-}
-
-/* The row the worked examples use: the one whose weights are most spread out (the smallest
- * largest weight), since a one-hot row teaches little about mixing. */
-static int most_spread_row(const explain *e) {
-    int best = 0;
-    double best_max = 2.0;
-    for (int i = 0; i < e->lq; i++) {
-        double m = 0.0;
-        for (int j = 0; j < e->lk; j++)
-            m = e->w[i * e->lk + j] > m ? e->w[i * e->lk + j] : m;
-        if (m < best_max - 1e-12) {
-            best_max = m;
-            best = i;
-        }
-    }
-    return best;
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -387,8 +164,9 @@ static void step_scale(explain *e) {
                 dk, dk, root, dk);
     }
     if (count >= 2 && dk > 1) {
-        const double vs = sample_var(e->scores, count);
-        const double vq = sample_var_f(e->q, e->lq * dk), vk = sample_var_f(e->k, e->lk * dk);
+        const double vs = explain_sample_var(e->scores, count);
+        const double vq = explain_sample_var_f(e->q, e->lq * dk),
+                     vk = explain_sample_var_f(e->k, e->lk * dk);
         const double pred = dk * vq * vk;
         const int not_one = vq < 0.5 || vq > 2.0 || vk < 0.5 || vk > 2.0;
         char predicted[128], after[96];
@@ -414,7 +192,7 @@ static void step_scale(explain *e) {
                     vs / dk);
     }
     /* The scaled scores before any mask: the mask step shows them again, with -inf. */
-    double unmasked[MAX_L * MAX_L];
+    double unmasked[EXPLAIN_MAX_L * EXPLAIN_MAX_L];
     for (int t = 0; t < count; t++)
         unmasked[t] = e->scores[t] / root;
     xp_grid(&e->out, "scaled = scores / sqrt(d_k)", unmasked, e->lq, e->lk, XP_AUTO, "q", "k", 0,
@@ -425,7 +203,7 @@ static void step_mask(explain *e) {
     int hidden = 0;
     for (int i = 0; i < e->lq; i++)
         for (int j = 0; j < e->lk; j++)
-            hidden += !visible(e, i, j);
+            hidden += !explain_visible(e, i, j);
     xp_heading(&e->out, ++e->step, "The causal mask: no peeking at the future");
     xp_para(&e->out, 0, 0,
             "A token must not see the future. In a decoder, token i is produced before "
@@ -465,7 +243,7 @@ static void step_softmax(explain *e, int r) {
 
     /* One row in full: the scores, the shift, the exponentials, the division. */
     const double *s = e->scaled + r * lk;
-    double m = -INFINITY, sum = 0.0, ex[MAX_L], shifted[MAX_L];
+    double m = -INFINITY, sum = 0.0, ex[EXPLAIN_MAX_L], shifted[EXPLAIN_MAX_L];
     for (int j = 0; j < lk; j++)
         m = s[j] > m ? s[j] : m;
     for (int j = 0; j < lk; j++) {
@@ -485,7 +263,7 @@ static void step_softmax(explain *e, int r) {
     snprintf(label, sizeof label, "sum of exp = ");
     xp_sum_begin(&total, label);
     for (int j = 0; j < lk; j++)
-        if (visible(e, r, j))
+        if (explain_visible(e, r, j))
             xp_sum_term(&total, ex[j], XP_EXP);
     const int top = xp_argmax(e->w + r * lk, lk);
     char example[96];
@@ -496,7 +274,7 @@ static void step_softmax(explain *e, int r) {
             xp_glue(example, sizeof example, "weights[%d, %d] = %s / %.4f = %.3f", r, top,
                     xp_cell(ex[top], XP_EXP), sum, e->w[r * lk + top]));
 
-    double sums[MAX_L];
+    double sums[EXPLAIN_MAX_L];
     for (int i = 0; i < e->lq; i++) {
         sums[i] = 0.0;
         for (int j = 0; j < lk; j++)
@@ -523,9 +301,9 @@ static void step_output(explain *e, int r) {
     const double *wr = e->w + r * lk;
     /* Masked keys drop out. With many keys, so do the weights that print as 0.000: sixteen
      * terms of which ten read "0.000 x v5" would hide the few that matter. */
-    int shown[MAX_L], n_shown = 0, n_tiny = 0;
+    int shown[EXPLAIN_MAX_L], n_shown = 0, n_tiny = 0;
     for (int j = 0; j < lk; j++) {
-        if (!visible(e, r, j))
+        if (!explain_visible(e, r, j))
             continue;
         if (lk > 8 && wr[j] < 0.0005)
             n_tiny++;
@@ -572,7 +350,7 @@ static void step_output(explain *e, int r) {
 
 /* Compares the step-by-step result with the library's. Returns CLI_OK if they agree. */
 static int step_check(explain *e) {
-    static float lw[MAX_L * MAX_L], lo[MAX_L * MAX_D];
+    static float lw[EXPLAIN_MAX_L * EXPLAIN_MAX_L], lo[EXPLAIN_MAX_L * EXPLAIN_MAX_D];
     xp_heading(&e->out, ++e->step, "The check: the library's fused kernel");
     sdpa_ctx *ctx;
     sdpa_status st = sdpa_ctx_create(NULL, &ctx);
@@ -580,16 +358,7 @@ static int step_check(explain *e) {
         fprintf(stderr, "sdpa explain: cannot create a context: %s\n", sdpa_status_str(st));
         return CLI_RUNTIME;
     }
-    sdpa_tensor tq = sdpa_tensor_bhld(e->q, SDPA_F32, 1, 1, e->lq, e->dk);
-    sdpa_tensor tk = sdpa_tensor_bhld(e->k, SDPA_F32, 1, 1, e->lk, e->dk);
-    sdpa_tensor tv = sdpa_tensor_bhld(e->v, SDPA_F32, 1, 1, e->lk, e->dv);
-    sdpa_tensor tw = sdpa_tensor_bhld(lw, SDPA_F32, 1, 1, e->lq, e->lk);
-    sdpa_tensor to = sdpa_tensor_bhld(lo, SDPA_F32, 1, 1, e->lq, e->dv);
-    sdpa_params p = {0};
-    p.causal = e->causal;
-    p.align = SDPA_ALIGN_TOP_LEFT;
-    if (sdpa_weights(ctx, &tq, &tk, &p, &tw) != SDPA_OK ||
-        sdpa_forward(ctx, &tq, &tk, &tv, &p, &to, NULL) != SDPA_OK) {
+    if (explain_library(e, ctx, lw, lo, NULL) != SDPA_OK) {
         fprintf(stderr, "sdpa explain: %s\n", sdpa_ctx_last_error(ctx));
         sdpa_ctx_destroy(ctx);
         return CLI_RUNTIME;
@@ -700,7 +469,7 @@ int cli_explain(int argc, char **argv) {
     e.seed = 42;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        if (cli_is_help(a)) {
             fputs(usage, stdout);
             return CLI_OK;
         }
@@ -722,7 +491,7 @@ int cli_explain(int argc, char **argv) {
         const char *val = argv[++i];
         if (strcmp(a, "--n") == 0) {
             int64_t x;
-            if (cli_parse_int(val, 1, MAX_L, &x) != 0)
+            if (cli_parse_int(val, 1, EXPLAIN_MAX_L, &x) != 0)
                 return cli_usage_error("explain",
                                        "--n wants a number of tokens from 1 to 16, "
                                        "not '%s'",
@@ -731,7 +500,7 @@ int cli_explain(int argc, char **argv) {
             have_n = 1;
         } else if (strcmp(a, "--d") == 0) {
             int64_t x;
-            if (cli_parse_int(val, 1, MAX_D, &x) != 0)
+            if (cli_parse_int(val, 1, EXPLAIN_MAX_D, &x) != 0)
                 return cli_usage_error("explain", "--d wants a dimension from 1 to 16, not '%s'",
                                        val);
             d = (int)x;
@@ -759,18 +528,15 @@ int cli_explain(int argc, char **argv) {
         return cli_usage_error("explain", "--n, --d and --seed make random inputs; they do not "
                                           "mix with --q/--k/--v");
 
-    e.generated = files == 0;
-    if (e.generated) {
-        e.lq = n;
-        e.n_model = d;
-        generate_inputs(&e);
+    if (files == 0) {
+        explain_generate(&e, e.seed, n, d);
     } else {
-        const int rc = load_user_inputs(&e);
+        const int rc = explain_load(&e);
         if (rc != CLI_OK)
             return rc;
     }
     xp_out_init(&e.out, no_color);
-    compute(&e);
+    explain_compute(&e);
 
     xp_title(&e.out, "Scaled dot-product attention, step by step");
     xp_para(&e.out, 4, 4, "Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V");
@@ -787,7 +553,7 @@ int cli_explain(int argc, char **argv) {
                 "double precision; the last step checks them against the library.",
                 e.causal ? ", causal" : "");
 
-    const int r = most_spread_row(&e);
+    const int r = explain_most_spread_row(&e);
     step_inputs(&e);
     step_scores(&e);
     step_scale(&e);

@@ -46,7 +46,7 @@ int cli_heatmap(int argc, char **argv) {
     const char *weights = NULL, *out = NULL, *title = NULL, *subtitle = NULL, *v;
     int64_t head = -1, batch = 0, max_cells = HEATMAP_DEFAULT_CELLS;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        if (cli_is_help(argv[i])) {
             fputs(heatmap_usage, stdout);
             return CLI_OK;
         } else if (cli_option_value(argc, argv, &i, "--weights", &v)) {

@@ -7,19 +7,17 @@
 #include "sdpa.h"
 
 #include <stdio.h>
-#include <string.h>
+
+static const char help[] =
+    "usage: sdpa info\n\n"
+    "Prints the CPU features the library detected (CPUID and XGETBV), the caps\n"
+    "applied (SDPA_MAX_ISA in the environment may lower the choice), the\n"
+    "instruction-set level chosen, the thread count and the kernels.";
 
 int cli_info(int argc, char **argv) {
-    for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            puts("usage: sdpa info\n\n"
-                 "Prints the CPU features the library detected (CPUID and XGETBV), the caps\n"
-                 "applied (SDPA_MAX_ISA in the environment may lower the choice), the\n"
-                 "instruction-set level chosen, the thread count and the kernels.");
-            return CLI_OK;
-        }
-        return cli_usage_error("info", "unknown option '%s'", argv[i]);
-    }
+    const int prc = cli_no_options("info", argc, argv, help);
+    if (prc >= 0)
+        return prc;
     sdpa_ctx *ctx;
     sdpa_status st = sdpa_ctx_create(NULL, &ctx);
     if (st != SDPA_OK) {

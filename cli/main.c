@@ -1,6 +1,7 @@
 /*
  * main.c — `sdpa`: the command line of the sdpa library. Dispatches to the subcommands.
  */
+#include "args.h"
 #include "cli.h"
 
 #include "sdpa.h"
@@ -26,29 +27,27 @@ static const char usage[] =
     "Run 'sdpa <command> --help' for a command's options.\n"
     "Exit codes: 0 success, 1 runtime error, 2 usage error.\n";
 
+/* The subcommands, by name; each takes the arguments after its own name. */
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+} commands[] = {{"demo", cli_demo}, {"explain", cli_explain}, {"heatmap", cli_heatmap},
+                {"run", cli_run},   {"info", cli_info},       {"bench", cli_bench}};
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fputs(usage, stderr);
         return CLI_USAGE;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "demo") == 0)
-        return cli_demo(argc - 2, argv + 2);
-    if (strcmp(cmd, "explain") == 0)
-        return cli_explain(argc - 2, argv + 2);
-    if (strcmp(cmd, "heatmap") == 0)
-        return cli_heatmap(argc - 2, argv + 2);
-    if (strcmp(cmd, "run") == 0)
-        return cli_run(argc - 2, argv + 2);
-    if (strcmp(cmd, "info") == 0)
-        return cli_info(argc - 2, argv + 2);
-    if (strcmp(cmd, "bench") == 0)
-        return cli_bench(argc - 2, argv + 2);
+    for (size_t n = 0; n < sizeof commands / sizeof commands[0]; n++)
+        if (strcmp(cmd, commands[n].name) == 0)
+            return commands[n].run(argc - 2, argv + 2);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("sdpa %s\n", sdpa_version());
         return CLI_OK;
     }
-    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+    if (strcmp(cmd, "help") == 0 || cli_is_help(cmd)) {
         fputs(usage, stdout);
         return CLI_OK;
     }

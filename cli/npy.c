@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,21 +57,6 @@ static void set_err(char *err, size_t errlen, const char *name, const char *fmt,
     va_end(ap);
 }
 
-/* The element size of the dtypes this file reads and writes; 0 for any other value. The
- * library has sdpa_dtype_size, but the fuzz targets build this file without the library. */
-static size_t elem_size(sdpa_dtype dtype) {
-    switch (dtype) {
-    case SDPA_F32:
-        return 4;
-    case SDPA_F16:
-    case SDPA_BF16:
-        return 2;
-    case SDPA_BOOL:
-        return 1;
-    }
-    return 0;
-}
-
 /* Checks that the shape describes an array this program can hold: every extent >= 0, and the
  * product of the non-zero extents times the element size fits in both int64_t and size_t.
  * Zero extents are skipped in that product on purpose: a (0, 2^62, 2^62) array holds nothing,
@@ -98,8 +84,7 @@ static int check_extent(int ndim, const int64_t *shape, size_t esize, int64_t *c
     return 0;
 }
 
-/* "(3, 4)", "(3,)" or "()": a shape as Python's repr writes a tuple. */
-static void format_shape(char *out, size_t cap, int ndim, const int64_t *shape) {
+void npy_format_shape(char *out, size_t cap, int ndim, const int64_t *shape) {
     size_t n = (size_t)snprintf(out, cap, "(");
     for (int i = 0; i < ndim && n < cap; i++)
         n += (size_t)snprintf(out + n, cap - n, i == 0 ? "%" PRId64 : ", %" PRId64, shape[i]);
@@ -521,13 +506,13 @@ int npy_parse_header(const unsigned char *buf, size_t len, int allow_bf16, const
     }
     int64_t count;
     size_t bytes;
-    if (check_extent(d.ndim, d.shape, elem_size(dtype), &count, &bytes) != 0) {
-        char s[NPY_MAX_DIMS * 22 + 4];
-        format_shape(s, sizeof s, d.ndim, d.shape);
+    if (check_extent(d.ndim, d.shape, sdpa_dtype_size(dtype), &count, &bytes) != 0) {
+        char s[NPY_SHAPE_CHARS];
+        npy_format_shape(s, sizeof s, d.ndim, d.shape);
         set_err(err, errlen, name,
                 "the shape %s is too large: the product of its non-zero extents times %zu "
                 "bytes overflows",
-                s, elem_size(dtype));
+                s, sdpa_dtype_size(dtype));
         return -1;
     }
     const size_t offset = prefix + hlen;
@@ -553,8 +538,8 @@ static int check_data_size(const npy_header *h, size_t have, const char *name, c
                            size_t errlen) {
     if (have == h->data_bytes)
         return 0;
-    char s[NPY_MAX_DIMS * 22 + 4];
-    format_shape(s, sizeof s, h->ndim, h->shape);
+    char s[NPY_SHAPE_CHARS];
+    npy_format_shape(s, sizeof s, h->ndim, h->shape);
     if (have < h->data_bytes)
         set_err(err, errlen, name,
                 "truncated .npy file: shape %s needs %zu bytes of data, the file has %zu", s,
@@ -692,6 +677,26 @@ void npy_free(npy_array *a) {
     a->nbytes = 0;
 }
 
+/* binary16 scaled by hand: exact for every value, subnormals, infinities and NaN included.
+ * The command's one f16 decoder; the library's (src/core/half.h) is internal, and the
+ * command is a client of sdpa.h only. */
+static float half_to_float(uint16_t h) {
+    const int exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    const double val = exp == 0    ? ldexp((double)man, -24) /* zero or subnormal */
+                       : exp == 31 ? (man ? NAN : INFINITY)
+                                   : ldexp((double)(man | 0x400), exp - 25);
+    return (float)(h >> 15 ? -val : val);
+}
+
+int npy_to_f32(const npy_array *a, float *dst) {
+    if (a->dtype != SDPA_F32 && a->dtype != SDPA_F16)
+        return -1;
+    for (int64_t i = 0; i < a->count; i++)
+        dst[i] = a->dtype == SDPA_F32 ? ((const float *)a->data)[i]
+                                      : half_to_float(((const uint16_t *)a->data)[i]);
+    return 0;
+}
+
 /* ---- saving ---------------------------------------------------------------------------- */
 
 /* Formats the whole header (magic to the final newline) exactly as numpy 1.24+ writes it:
@@ -701,8 +706,8 @@ void npy_free(npy_array *a) {
  * @return the header's length in bytes. */
 static size_t format_header(unsigned char *out, size_t cap, const char *descr, int ndim,
                             const int64_t *shape) {
-    char shape_s[NPY_MAX_DIMS * 22 + 4];
-    format_shape(shape_s, sizeof shape_s, ndim, shape);
+    char shape_s[NPY_SHAPE_CHARS];
+    npy_format_shape(shape_s, sizeof shape_s, ndim, shape);
     char dict[NPY_MAX_DIMS * 22 + 128];
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
                      descr, shape_s);
@@ -771,7 +776,7 @@ int npy_save(const char *path, sdpa_dtype dtype, int ndim, const int64_t *shape,
     }
     int64_t count;
     size_t bytes;
-    if (check_extent(ndim, shape, elem_size(dtype), &count, &bytes) != 0) {
+    if (check_extent(ndim, shape, sdpa_dtype_size(dtype), &count, &bytes) != 0) {
         set_err(err, errlen, path, "cannot save: negative or overflowing shape");
         return -1;
     }

@@ -36,7 +36,8 @@
 #include <stdint.h>
 
 #define NPY_MAX_DIMS 8
-#define NPY_MAX_HEADER 65536 /* bytes of header dictionary accepted */
+#define NPY_MAX_HEADER 65536                    /* bytes of header dictionary accepted */
+#define NPY_SHAPE_CHARS (NPY_MAX_DIMS * 22 + 4) /* room for any shape npy_format_shape writes */
 
 /* What a header says. */
 typedef struct npy_header {
@@ -90,5 +91,14 @@ int npy_save(const char *path, sdpa_dtype dtype, int ndim, const int64_t *shape,
 
 /* Frees the data of an array loaded by npy_load (NULL-safe, idempotent). */
 void npy_free(npy_array *a);
+
+/* Writes a shape as Python's repr writes a tuple: "(3, 4)", "(3,)" or "()", cut to cap bytes
+ * (always terminated). The messages of npy.c and of the commands all use it. */
+void npy_format_shape(char *out, size_t cap, int ndim, const int64_t *shape);
+
+/* Converts the a->count elements of a float32 or float16 array to float32 in dst, exactly
+ * (every float16 value, NaN and the infinities included, is a float32 value).
+ * @return 0, or -1 for any other dtype (dst untouched). */
+int npy_to_f32(const npy_array *a, float *dst);
 
 #endif /* SDPA_CLI_NPY_H */

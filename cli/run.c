@@ -88,9 +88,25 @@ static int parse_align(const char *s, sdpa_align *out) {
 static int parse_args(int argc, char **argv, run_args *a) {
     memset(a, 0, sizeof *a);
     a->head = -1;
+    /* The options that name a file, and where each goes; then the other options that take a
+     * value. */
+    const struct {
+        const char *opt;
+        const char **dst;
+    } files[] = {{"--q", &a->q},
+                 {"--k", &a->k},
+                 {"--v", &a->v},
+                 {"--mask", &a->mask},
+                 {"--alibi-slopes", &a->slopes},
+                 {"--out", &a->out},
+                 {"--lse", &a->lse},
+                 {"--weights", &a->weights},
+                 {"--heatmap", &a->heatmap}};
+    static const char *const with_value[] = {"--dtype",   "--align",   "--window", "--scale",
+                                             "--softcap", "--threads", "--head"};
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i];
-        if (strcmp(opt, "--help") == 0 || strcmp(opt, "-h") == 0) {
+        if (cli_is_help(opt)) {
             fputs(usage, stdout);
             return -1;
         }
@@ -104,11 +120,11 @@ static int parse_args(int argc, char **argv, run_args *a) {
                 i++;
             continue;
         }
-        static const char *const with_value[] = {
-            "--q",      "--k",       "--v",       "--mask",         "--dtype",   "--align",
-            "--window", "--scale",   "--softcap", "--alibi-slopes", "--threads", "--out",
-            "--lse",    "--weights", "--heatmap", "--head"};
-        int known = 0;
+        const char **file = NULL;
+        for (size_t n = 0; n < sizeof files / sizeof files[0]; n++)
+            if (strcmp(opt, files[n].opt) == 0)
+                file = files[n].dst;
+        int known = file != NULL;
         for (size_t n = 0; n < sizeof with_value / sizeof with_value[0]; n++)
             known |= strcmp(opt, with_value[n]) == 0;
         if (!known)
@@ -116,24 +132,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
         if (i + 1 >= argc)
             return cli_usage_error("run", "%s needs a value", opt);
         const char *val = argv[++i];
-        if (strcmp(opt, "--q") == 0)
-            a->q = val;
-        else if (strcmp(opt, "--k") == 0)
-            a->k = val;
-        else if (strcmp(opt, "--v") == 0)
-            a->v = val;
-        else if (strcmp(opt, "--mask") == 0)
-            a->mask = val;
-        else if (strcmp(opt, "--alibi-slopes") == 0)
-            a->slopes = val;
-        else if (strcmp(opt, "--out") == 0)
-            a->out = val;
-        else if (strcmp(opt, "--lse") == 0)
-            a->lse = val;
-        else if (strcmp(opt, "--weights") == 0)
-            a->weights = val;
-        else if (strcmp(opt, "--heatmap") == 0)
-            a->heatmap = val;
+        if (file != NULL)
+            *file = val;
         else if (strcmp(opt, "--dtype") == 0) {
             if (strcmp(val, "bf16") != 0)
                 return cli_usage_error("run",
@@ -183,15 +183,6 @@ static int parse_args(int argc, char **argv, run_args *a) {
     return CLI_OK;
 }
 
-/* "(2, 7, 64)" */
-static void shape_str(const npy_array *a, char *buf, size_t len) {
-    size_t at = (size_t)snprintf(buf, len, "(");
-    for (int d = 0; d < a->ndim && at < len; d++)
-        at += (size_t)snprintf(buf + at, len - at, d ? ", %lld" : "%lld", (long long)a->shape[d]);
-    if (at < len)
-        snprintf(buf + at, len - at, a->ndim == 1 ? ",)" : ")");
-}
-
 /* Loads an input and views it as 4-d, aligned on the right. */
 static int load_input(input *in, const char *path, int bf16, int min_rank, const char *what) {
     char err[512];
@@ -201,8 +192,8 @@ static int load_input(input *in, const char *path, int bf16, int min_rank, const
         return CLI_RUNTIME;
     }
     if (in->a.ndim < min_rank || in->a.ndim > 4) {
-        char s[128];
-        shape_str(&in->a, s, sizeof s);
+        char s[NPY_SHAPE_CHARS];
+        npy_format_shape(s, sizeof s, in->a.ndim, in->a.shape);
         fprintf(stderr, "sdpa run: %s: %s has rank %d, shape %s; expected rank %d to 4\n", path,
                 what, in->a.ndim, s, min_rank);
         return CLI_RUNTIME;
@@ -220,9 +211,9 @@ static int check_shapes(const input *q, const input *k, const input *v) {
     const input *pair[3][2] = {{k, q}, {v, k}, {v, q}};
     for (int n = 0; n < 3; n++) {
         const input *a = pair[n][0], *b = pair[n][1];
-        char sa[128], sb[128], why[160] = "";
-        shape_str(&a->a, sa, sizeof sa);
-        shape_str(&b->a, sb, sizeof sb);
+        char sa[NPY_SHAPE_CHARS], sb[NPY_SHAPE_CHARS], why[160] = "";
+        npy_format_shape(sa, sizeof sa, a->a.ndim, a->a.shape);
+        npy_format_shape(sb, sizeof sb, b->a.ndim, b->a.shape);
         if (a->a.ndim != b->a.ndim)
             snprintf(why, sizeof why, "the ranks differ (%d and %d)", a->a.ndim, b->a.ndim);
         else if (n == 0 && a->t.shape[3] != b->t.shape[3])
@@ -285,10 +276,10 @@ static int out_shape(const input *q, int64_t last, int64_t *shape) {
 
 /* Prints a small output, or a summary of a large one, when no output file was asked for. */
 static void print_result(const float *o, int64_t rows, int64_t cols, const input *q) {
-    char s[128];
+    char s[NPY_SHAPE_CHARS];
     npy_array shown = q->a;
     shown.shape[shown.ndim - 1] = cols;
-    shape_str(&shown, s, sizeof s);
+    npy_format_shape(s, sizeof s, shown.ndim, shown.shape);
     printf("output %s (rows of Dv; --out FILE saves it):\n", s);
     const int64_t max_rows = 16, max_cols = 8;
     for (int64_t r = 0; r < rows && r < max_rows; r++) {
@@ -335,8 +326,8 @@ int cli_run(int argc, char **argv) {
         const int64_t want[4] = {B, Hq, Lq, Lk};
         for (int d = 0; d < 4; d++)
             if (mask.t.shape[d] != 1 && mask.t.shape[d] != want[d]) {
-                char s[128];
-                shape_str(&mask.a, s, sizeof s);
+                char s[NPY_SHAPE_CHARS];
+                npy_format_shape(s, sizeof s, mask.a.ndim, mask.a.shape);
                 fprintf(stderr,
                         "sdpa run: %s has shape %s, which does not broadcast to (B, Hq, Lq, Lk) "
                         "= (%lld, %lld, %lld, %lld) from %s and %s\n",
@@ -356,8 +347,8 @@ int cli_run(int argc, char **argv) {
             if (load_input(&sl, a.slopes, 0, 1, "the slopes"))
                 goto done;
             if (sl.a.ndim != 1 || sl.a.dtype != SDPA_F32 || sl.a.shape[0] != Hq) {
-                char s[128];
-                shape_str(&sl.a, s, sizeof s);
+                char s[NPY_SHAPE_CHARS];
+                npy_format_shape(s, sizeof s, sl.a.ndim, sl.a.shape);
                 fprintf(stderr,
                         "sdpa run: %s has shape %s (%s); expected (%lld,) <f4: one slope "
                         "per query head of %s\n",

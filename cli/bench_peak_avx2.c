@@ -1,6 +1,7 @@
 /*
- * peak_avx2.c — the AVX2 + FMA inner loops of the machine probe (bench.h). This file alone is
- * compiled with -mavx2 -mfma; peak.c calls it only after __builtin_cpu_supports reports both.
+ * bench_peak_avx2.c — the AVX2 + FMA inner loops of the machine probe (bench.h). This file
+ * alone is compiled with -mavx2 -mfma; bench_peak.c calls it only when the library's kernels
+ * run at the AVX2 level or above, so the CPU and the OS have both.
  *
  * 12 independent chains in 12 of the 16 ymm registers (two more hold the constants): enough
  * for two FMA pipes with a latency of up to 6 cycles. Each chain is acc = acc * m + c with m

@@ -1,6 +1,7 @@
 /*
- * peak_avx512.c — the AVX-512 inner loops of the machine probe (bench.h). This file alone is
- * compiled with -mavx512f; peak.c calls it only after __builtin_cpu_supports("avx512f").
+ * bench_peak_avx512.c — the AVX-512 inner loops of the machine probe (bench.h). This file
+ * alone is compiled with -mavx512f; bench_peak.c calls it only when the library's kernels run
+ * at the AVX-512 level or above, so the CPU and the OS have it.
  *
  * The FMA loop keeps 16 independent chains in 16 zmm registers: a core with two 512-bit FMA
  * pipes and a 4-cycle latency needs 8 chains in flight to keep both pipes busy, and 16 leave

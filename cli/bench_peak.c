@@ -1,13 +1,14 @@
 /*
- * peak.c — the machine probe of `sdpa bench`: this CPU's FP32 FMA peak and its read
+ * bench_peak.c — the machine probe of `sdpa bench`: this CPU's FP32 FMA peak and its read
  * bandwidth, measured with every thread running at once, so that the attention figures can be
  * read as a fraction of what this machine, under today's load, can do at all.
  *
- * The inner loops live in peak_avx512.c and peak_avx2.c (compiled with their own ISA flags)
- * and here (plain C, always built). The variant is chosen at run time with
- * __builtin_cpu_supports, which also checks that the OS saves the wider registers. The
- * result of a probe is the best of several trials: on a shared machine another process can
- * only make a trial slower, never faster, so the best trial is the closest to the peak.
+ * The inner loops live in bench_peak_avx512.c and bench_peak_avx2.c (compiled with their own
+ * ISA flags, x86 only: SDPA_HAVE_X86) and here (plain C, always built). This file does not
+ * probe the CPU: the caller names a level at or below the one the library's kernels run at
+ * (sdpa_ctx_isa), and the library has checked that the CPU and the OS support it. The result
+ * of a probe is the best of several trials: on a shared machine another process can only make
+ * a trial slower, never faster, so the best trial is the closest to the peak.
  */
 #include "bench.h"
 
@@ -23,32 +24,10 @@ static const double FMA_TRIAL_S = 0.05;      /* seconds one FMA trial aims for *
 static const double READ_TRIAL_S = 0.03;     /* seconds one read trial aims for */
 static const size_t READ_BYTES = 256u << 20; /* 8x a large L3: the reads come from DRAM */
 
-const char *bench_isa_name(bench_isa isa) {
-    switch (isa) {
-    case BENCH_ISA_AUTO:
-        return "auto";
-    case BENCH_ISA_GENERIC:
-        return "generic";
-    case BENCH_ISA_AVX2:
-        return "avx2";
-    case BENCH_ISA_AVX512:
-        return "avx512";
-    }
-    return "unknown";
-}
-
-bench_isa bench_isa_best(bench_isa cap) {
-#if defined(SDPA_BENCH_X86) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if ((cap == BENCH_ISA_AUTO || cap >= BENCH_ISA_AVX512) && __builtin_cpu_supports("avx512f"))
-        return BENCH_ISA_AVX512;
-    if ((cap == BENCH_ISA_AUTO || cap >= BENCH_ISA_AVX2) && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma"))
-        return BENCH_ISA_AVX2;
-#else
-    (void)cap;
-#endif
-    return BENCH_ISA_GENERIC;
+sdpa_isa bench_peak_loop(sdpa_isa level) {
+    return level >= SDPA_ISA_AVX512 ? SDPA_ISA_AVX512
+           : level == SDPA_ISA_AVX2 ? SDPA_ISA_AVX2
+                                    : SDPA_ISA_GENERIC;
 }
 
 /* The portable FMA loop: 8 chains of multiply-then-add (ISO C does not contract them into
@@ -79,10 +58,30 @@ float bench_read_generic(const float *p, size_t n) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-static double now_s(void) {
+double bench_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The inner loops of one level. Only x86 builds have the vector variants; elsewhere the
+ * library runs at the generic level, and so does the probe. */
+typedef struct loops {
+    float (*fma)(int64_t iters, int64_t *flops_per_iter);
+    float (*read)(const float *p, size_t n);
+} loops;
+
+static loops loops_for(sdpa_isa isa) {
+    loops l = {bench_fma_generic, bench_read_generic};
+#if defined(SDPA_HAVE_X86)
+    if (isa == SDPA_ISA_AVX512)
+        l = (loops){bench_fma_avx512, bench_read_avx512};
+    else if (isa == SDPA_ISA_AVX2)
+        l = (loops){bench_fma_avx2, bench_read_avx2};
+#else
+    (void)isa;
+#endif
+    return l;
 }
 
 /* A start gate: the workers wait until every one of them exists, then start together. If a
@@ -95,7 +94,7 @@ typedef struct gate {
 
 typedef struct worker {
     gate *g;
-    bench_isa isa;
+    loops run;
     int read;      /* 0: the FMA loop; 1: the read loop */
     int64_t count; /* FMA iterations, or passes over the slice */
     const float *p;
@@ -114,26 +113,14 @@ static void *worker_main(void *arg) {
     pthread_mutex_unlock(&w->g->mu);
     if (!go)
         return NULL;
-    w->t0 = now_s();
+    w->t0 = bench_now_s();
     float r = 0.0f;
-    if (!w->read) {
-        if (w->isa == BENCH_ISA_AVX512)
-            r = bench_fma_avx512(w->count, &w->flops_per_iter);
-        else if (w->isa == BENCH_ISA_AVX2)
-            r = bench_fma_avx2(w->count, &w->flops_per_iter);
-        else
-            r = bench_fma_generic(w->count, &w->flops_per_iter);
-    } else {
-        for (int64_t pass = 0; pass < w->count; pass++) {
-            if (w->isa == BENCH_ISA_AVX512)
-                r += bench_read_avx512(w->p, w->n);
-            else if (w->isa == BENCH_ISA_AVX2)
-                r += bench_read_avx2(w->p, w->n);
-            else
-                r += bench_read_generic(w->p, w->n);
-        }
-    }
-    w->t1 = now_s();
+    if (!w->read)
+        r = w->run.fma(w->count, &w->flops_per_iter);
+    else
+        for (int64_t pass = 0; pass < w->count; pass++)
+            r += w->run.read(w->p, w->n);
+    w->t1 = bench_now_s();
     w->result = r;
     return NULL;
 }
@@ -215,9 +202,9 @@ static double best_rate(worker *ws, int n, double unit_per_count, double target,
     return best;
 }
 
-int bench_peak_measure(int n_threads, bench_isa isa, bench_peak *out, char *err, size_t errcap) {
+int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, size_t errcap) {
     const int n = n_threads < 1 ? 1 : n_threads;
-    out->isa = bench_isa_best(isa);
+    out->isa = bench_peak_loop(isa);
     out->n_threads = n;
     out->gflops = 0.0;
     out->read_gbs = 0.0;
@@ -229,7 +216,7 @@ int bench_peak_measure(int n_threads, bench_isa isa, bench_peak *out, char *err,
 
     /* 1. FMA: every thread runs the same number of iterations of independent chains. */
     for (int i = 0; i < n; i++) {
-        ws[i].isa = out->isa;
+        ws[i].run = loops_for(out->isa);
         ws[i].count = (int64_t)1 << 12;
     }
     const double flops = best_rate(ws, n, 0.0, FMA_TRIAL_S, err, errcap);

@@ -3,15 +3,16 @@
  * reports, per shape, the median time of N repetitions (and min/max), GFLOP/s, the bandwidth
  * of reading K and V, the peak extra memory the library allocated, and the ratio of each rate
  * to this machine's FP32 FMA peak and read bandwidth, which the same run measures at its
- * start and at its end (peak.c). A table goes to stdout; --json FILE writes every figure.
+ * start and at its end (bench_peak.c). A table goes to stdout; --json FILE writes every
+ * figure.
  *
  * Inputs are filled from fixed seeds, so every run times the same numbers. Each shape gets a
  * fresh context whose allocator hooks count bytes, so the extra memory is exact (for what the
  * library allocates through its context) and no shape inherits the scratch of another.
  */
-#include "../cli/args.h"
-#include "../cli/cli.h"
+#include "args.h"
 #include "bench.h"
+#include "cli.h"
 
 #include "sdpa.h"
 
@@ -54,8 +55,9 @@ static const char help[] =
     "                       at least one timed repetition runs, and no new one starts once\n"
     "                       the timed repetitions have used S seconds. The table shows how\n"
     "                       many ran; the median is over those.\n"
-    "  --peak-isa ISA       the FMA loop of the peak probe: auto (default: the widest this\n"
-    "                       CPU runs), avx512, avx2 or generic\n"
+    "  --peak-isa ISA       the FMA loop of the peak probe: auto (default: the level of the\n"
+    "                       library's kernels, 'isa' in sdpa info), avx512, avx2 or generic;\n"
+    "                       a level above the kernels' is refused (exit 1)\n"
     "  --help               this text\n"
     "\n"
     "Figures:\n"
@@ -127,7 +129,7 @@ typedef struct options {
     const char *json;
     int reps, warmup;
     double min_time;
-    bench_isa peak_isa;
+    sdpa_isa peak_isa; /* SDPA_ISA_AUTO: the level of the library's kernels */
 } options;
 
 /* Parses one field of a --shape, up to the next comma. @return the position after it. */
@@ -189,7 +191,7 @@ static int parse_options(int argc, char **argv, options *o) {
     for (int i = 0; i < argc; i++) {
         const char *v = NULL;
         int64_t n;
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        if (cli_is_help(argv[i])) {
             fputs(help, stdout);
             return CLI_OK;
         } else if (cli_option_value(argc, argv, &i, "--preset", &v)) {
@@ -234,13 +236,13 @@ static int parse_options(int argc, char **argv, options *o) {
             o->min_time = t;
         } else if (cli_option_value(argc, argv, &i, "--peak-isa", &v)) {
             if (v != NULL && strcmp(v, "auto") == 0)
-                o->peak_isa = BENCH_ISA_AUTO;
+                o->peak_isa = SDPA_ISA_AUTO;
             else if (v != NULL && strcmp(v, "avx512") == 0)
-                o->peak_isa = BENCH_ISA_AVX512;
+                o->peak_isa = SDPA_ISA_AVX512;
             else if (v != NULL && strcmp(v, "avx2") == 0)
-                o->peak_isa = BENCH_ISA_AVX2;
+                o->peak_isa = SDPA_ISA_AVX2;
             else if (v != NULL && strcmp(v, "generic") == 0)
-                o->peak_isa = BENCH_ISA_GENERIC;
+                o->peak_isa = SDPA_ISA_GENERIC;
             else
                 return cli_usage_error("bench",
                                        "--peak-isa wants auto, avx512, avx2 or generic, got '%s'",
@@ -292,12 +294,6 @@ static void counting_free(void *ptr, void *user) {
 /* ---------------------------------------------------------------------------------------- */
 /* Timing one shape                                                                          */
 /* ---------------------------------------------------------------------------------------- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Uniform in [-1, 1) from splitmix64: fixed, portable inputs without libc's rand(). */
 static void fill(float *x, size_t n, uint64_t seed) {
@@ -433,9 +429,9 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
     while (n < o->reps) {
         progress_show(pg, "rep %d (at most %d; %.1f of %.1f s spent)", n + 1, o->reps, spent,
                       o->min_time);
-        const double t0 = now_s();
+        const double t0 = bench_now_s();
         const sdpa_status fs = sdpa_forward(ctx, &tq, &tk, &tv, &p, &to, NULL);
-        const double t = now_s() - t0;
+        const double t = bench_now_s() - t0;
         if (fs != SDPA_OK) {
             progress_clear(pg);
             fprintf(stderr, "sdpa bench: %s: %s\n", pg->spec, sdpa_ctx_last_error(ctx));
@@ -469,7 +465,7 @@ done:
 /* The command                                                                               */
 /* ---------------------------------------------------------------------------------------- */
 
-static int measure_peak(const bench_run *ri, bench_isa isa, const char *when, bench_peak *out,
+static int measure_peak(const bench_run *ri, sdpa_isa isa, const char *when, bench_peak *out,
                         int tty) {
     if (tty) {
         fprintf(stderr, "\r\033[Kmeasuring the FMA peak and read bandwidth (%s)", when);
@@ -482,6 +478,39 @@ static int measure_peak(const bench_run *ri, bench_isa isa, const char *when, be
         fprintf(stderr, "sdpa bench: %s\n", err);
         return CLI_RUNTIME;
     }
+    return CLI_OK;
+}
+
+/* A probe context tells the thread count that 0 resolves to, the kernels chosen and their
+ * level, which the peak probe's loop follows: by default the same level, and never a higher
+ * one, since the library has checked that the CPU and the OS run that level and no other
+ * part of the command asks the CPU. @return CLI_OK and fills ri and *peak_isa, or the exit
+ * code (message printed). */
+static int probe_library(const options *o, bench_run *ri, sdpa_isa *peak_isa) {
+    sdpa_ctx_params cp = {0};
+    cp.n_threads = o->n_threads;
+    sdpa_ctx *probe = NULL;
+    const sdpa_status st = sdpa_ctx_create(&cp, &probe);
+    if (st != SDPA_OK) {
+        fprintf(stderr, "sdpa bench: cannot create a context: %s\n", sdpa_status_str(st));
+        return CLI_RUNTIME;
+    }
+    const sdpa_isa level = sdpa_ctx_isa(probe);
+    ri->n_threads = sdpa_ctx_n_threads(probe);
+    ri->isa = sdpa_isa_name(level);
+    ri->kernel = sdpa_ctx_kernel(probe);
+    snprintf(ri->describe, sizeof ri->describe, "%s", sdpa_ctx_describe(probe));
+    sdpa_ctx_destroy(probe);
+    if (o->peak_isa > level) {
+        /* a runtime error, not a usage error: the same command line is right on another
+         * machine or without SDPA_MAX_ISA */
+        fprintf(stderr,
+                "sdpa bench: --peak-isa %s: the library's kernels run at %s on this machine "
+                "(its CPU, or SDPA_MAX_ISA), and the probe does not go above them\n",
+                sdpa_isa_name(o->peak_isa), ri->isa);
+        return CLI_RUNTIME;
+    }
+    *peak_isa = o->peak_isa == SDPA_ISA_AUTO ? bench_peak_loop(level) : o->peak_isa;
     return CLI_OK;
 }
 
@@ -499,7 +528,14 @@ int cli_bench(int argc, char **argv) {
                         : (int)(sizeof preset_quick / sizeof preset_quick[0]);
     }
 
-    /* Open the JSON file first: a bad path should fail now, not after minutes of timing. */
+    bench_run ri;
+    memset(&ri, 0, sizeof ri);
+    sdpa_isa peak_isa = SDPA_ISA_GENERIC;
+    int rc = probe_library(&o, &ri, &peak_isa);
+    if (rc != CLI_OK)
+        return rc;
+
+    /* Open the JSON file next: a bad path should fail now, not after minutes of timing. */
     char *tmp = NULL;
     FILE *jf = NULL;
     if (o.json != NULL) {
@@ -517,8 +553,6 @@ int cli_bench(int argc, char **argv) {
         }
     }
 
-    bench_run ri;
-    memset(&ri, 0, sizeof ri);
     ri.preset = o.n_shapes == 0 ? o.preset : NULL;
     ri.reps_max = o.reps;
     ri.warmup = o.warmup;
@@ -529,26 +563,15 @@ int cli_bench(int argc, char **argv) {
     if (gmtime_r(&now, &tm) == NULL ||
         strftime(ri.date, sizeof ri.date, "%Y-%m-%dT%H:%M:%SZ", &tm) == 0)
         snprintf(ri.date, sizeof ri.date, "unknown");
-    /* A probe context tells the thread count that 0 resolves to and the kernels chosen. */
-    sdpa_ctx_params cp = {0};
-    cp.n_threads = o.n_threads;
-    sdpa_ctx *probe = NULL;
-    sdpa_status st = sdpa_ctx_create(&cp, &probe);
-    int rc = CLI_OK;
     bench_result *rs = calloc((size_t)n_shapes, sizeof *rs);
-    if (st != SDPA_OK || rs == NULL) {
-        fprintf(stderr, "sdpa bench: cannot create a context: %s\n",
-                sdpa_status_str(st != SDPA_OK ? st : SDPA_ERR_NOMEM));
+    if (rs == NULL) {
+        fputs("sdpa bench: out of memory\n", stderr);
         rc = CLI_RUNTIME;
         goto done;
     }
-    ri.n_threads = sdpa_ctx_n_threads(probe);
-    ri.isa = sdpa_isa_name(sdpa_ctx_isa(probe));
-    snprintf(ri.describe, sizeof ri.describe, "%s", sdpa_ctx_describe(probe));
-    sdpa_ctx_destroy(probe);
 
     const int tty = isatty(STDERR_FILENO);
-    rc = measure_peak(&ri, o.peak_isa, "start", &ri.peak_start, tty);
+    rc = measure_peak(&ri, peak_isa, "start", &ri.peak_start, tty);
     progress pg = {tty, 0, n_shapes, ""};
     for (int i = 0; rc == CLI_OK && i < n_shapes; i++) {
         pg.index = i;
@@ -556,7 +579,7 @@ int cli_bench(int argc, char **argv) {
         rc = run_shape(&o, &shapes[i], &pg, &rs[i]);
     }
     if (rc == CLI_OK)
-        rc = measure_peak(&ri, o.peak_isa, "end", &ri.peak_end, tty);
+        rc = measure_peak(&ri, peak_isa, "end", &ri.peak_end, tty);
     if (tty)
         fputs("\r\033[K", stderr);
     if (rc != CLI_OK)

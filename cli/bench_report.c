@@ -1,7 +1,7 @@
 /*
- * report.c — what `sdpa bench` prints: the human-readable table and the JSON record of a run
- * (every shape, every figure, the peaks measured at the start and at the end, the thread
- * count, the CPU model, the library's version and dispatch, the date).
+ * bench_report.c — what `sdpa bench` prints: the human-readable table and the JSON record of a
+ * run (every shape, every figure, the peaks measured at the start and at the end, the thread
+ * count, the CPU model, the library's version, dispatch and kernel, the date).
  */
 #include "bench.h"
 
@@ -14,13 +14,18 @@ const char *bench_mask_name(bench_mask m) {
     return m == BENCH_MASK_CAUSAL_TL ? "causal" : m == BENCH_MASK_CAUSAL_BR ? "causal-br" : "none";
 }
 
+/* The heads as --shape takes them: "Hq", or "Hq/Hkv" for grouped-query attention. */
+static void heads_spec(const bench_shape *s, char *buf, size_t cap) {
+    if (s->hkv == s->hq)
+        snprintf(buf, cap, "%lld", (long long)s->hq);
+    else
+        snprintf(buf, cap, "%lld/%lld", (long long)s->hq, (long long)s->hkv);
+}
+
 /* Writes the shape in --shape syntax, so a JSON consumer can hand it back to --shape. */
 void bench_shape_spec(const bench_shape *s, char *buf, size_t cap) {
     char h[48];
-    if (s->hkv == s->hq)
-        snprintf(h, sizeof h, "%lld", (long long)s->hq);
-    else
-        snprintf(h, sizeof h, "%lld/%lld", (long long)s->hq, (long long)s->hkv);
+    heads_spec(s, h, sizeof h);
     snprintf(buf, cap, "%lld,%s,%lld,%lld,%lld%s%s", (long long)s->b, h, (long long)s->lq,
              (long long)s->lk, (long long)s->d, s->mask == BENCH_MASK_NONE ? "" : ",",
              s->mask == BENCH_MASK_NONE ? "" : bench_mask_name(s->mask));
@@ -50,12 +55,12 @@ static double ratio(double x, double of) {
 }
 
 void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int n) {
-    fprintf(f, "sdpa bench: sdpa %s, isa %s, %d thread%s, %s, %s\n", sdpa_version(), ri->isa,
-            ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->cpu, ri->date);
+    fprintf(f, "sdpa bench: sdpa %s, isa %s, kernel %s, %d thread%s, %s, %s\n", sdpa_version(),
+            ri->isa, ri->kernel, ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->cpu, ri->date);
     fprintf(f,
             "FP32 FMA peak (%s loop, %d thread%s): %.1f GFLOP/s at the start, %.1f at the end; "
             "read bandwidth %.1f / %.1f GB/s\n\n",
-            bench_isa_name(ri->peak_start.isa), ri->peak_start.n_threads,
+            sdpa_isa_name(ri->peak_start.isa), ri->peak_start.n_threads,
             ri->peak_start.n_threads == 1 ? "" : "s", ri->peak_start.gflops, ri->peak_end.gflops,
             ri->peak_start.read_gbs, ri->peak_end.read_gbs);
     fprintf(f, "%3s %6s %6s %6s %5s %-9s %5s %10s %10s %10s %9s %6s %8s %5s %9s\n", "B", "H", "Lq",
@@ -64,10 +69,7 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
     for (int i = 0; i < n; i++) {
         const bench_result *r = &rs[i];
         char h[48];
-        if (r->s.hkv == r->s.hq)
-            snprintf(h, sizeof h, "%lld", (long long)r->s.hq);
-        else
-            snprintf(h, sizeof h, "%lld/%lld", (long long)r->s.hq, (long long)r->s.hkv);
+        heads_spec(&r->s, h, sizeof h);
         const double gflops = r->flops / r->t_med * 1e-9, gbs = r->kv_bytes / r->t_med * 1e-9;
         fprintf(f,
                 "%3lld %6s %6lld %6lld %5lld %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%% %8.2f "
@@ -111,7 +113,7 @@ static void json_count(FILE *f, double x) {
 
 static void json_peak(FILE *f, const char *name, const bench_peak *p) {
     fprintf(f, "    \"%s\": {\"isa\": \"%s\", \"threads\": %d, \"fma_gflops\": ", name,
-            bench_isa_name(p->isa), p->n_threads);
+            sdpa_isa_name(p->isa), p->n_threads);
     json_number(f, p->gflops);
     fputs(", \"read_gbs\": ", f);
     json_number(f, p->read_gbs);
@@ -125,7 +127,9 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
     json_string(f, ri->date);
     fputs(",\n  \"cpu_model\": ", f);
     json_string(f, ri->cpu);
-    fprintf(f, ",\n  \"threads\": %d,\n  \"isa\": \"%s\",\n  ", ri->n_threads, ri->isa);
+    fprintf(f, ",\n  \"threads\": %d,\n  \"isa\": \"%s\",\n  \"kernel\": ", ri->n_threads, ri->isa);
+    json_string(f, ri->kernel);
+    fputs(",\n  ", f);
     fputs("\"describe\": ", f);
     json_string(f, ri->describe);
     fputs(",\n  \"preset\": ", f);

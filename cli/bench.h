@@ -1,49 +1,45 @@
 /*
  * bench.h — the parts of `sdpa bench` shared between its files: the machine probe that
- * measures this CPU's FP32 FMA peak and its read bandwidth (peak.c) with the ISA variants of
- * its inner loops (peak_avx2.c, peak_avx512.c: compiled with their own flags and only called
- * after a run-time check that the CPU and the OS support them), and the shapes and results
- * that bench.c measures and report.c prints.
+ * measures this CPU's FP32 FMA peak and its read bandwidth (bench_peak.c) with the ISA
+ * variants of its inner loops (bench_peak_avx2.c, bench_peak_avx512.c: compiled with their own
+ * flags and run only at or below the level of the library's kernels on this machine, which
+ * the library has checked against the CPU and the OS), and the shapes and results that
+ * bench.c measures and bench_report.c prints.
  */
-#ifndef SDPA_BENCH_H
-#define SDPA_BENCH_H
+#ifndef SDPA_CLI_BENCH_H
+#define SDPA_CLI_BENCH_H
+
+#include "sdpa.h"
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
 /* ---------------------------------------------------------------------------------------- */
-/* The machine probe (peak.c)                                                                */
+/* The machine probe (bench_peak.c)                                                          */
 /* ---------------------------------------------------------------------------------------- */
-
-/* Which inner loop the probe uses. AUTO picks the widest one this CPU runs. */
-typedef enum bench_isa {
-    BENCH_ISA_AUTO = 0,
-    BENCH_ISA_GENERIC = 1, /* plain C: a floor, not a peak */
-    BENCH_ISA_AVX2 = 2,    /* 256-bit FMA */
-    BENCH_ISA_AVX512 = 3   /* 512-bit FMA */
-} bench_isa;
 
 /* What one probe measured, with all threads running at once. */
 typedef struct bench_peak {
-    bench_isa isa;   /* the variant that ran (never AUTO) */
+    sdpa_isa isa;    /* the loop that ran: SDPA_ISA_GENERIC, _AVX2 or _AVX512 */
     int n_threads;   /* threads that ran the loops at the same time */
     double gflops;   /* best FP32 FMA rate over the trials, 2 FLOP per lane per FMA */
     double read_gbs; /* best rate of reading a buffer far larger than the caches, 1e9 B/s */
 } bench_peak;
 
-/* @return "generic", "avx2", "avx512" or "auto". */
-const char *bench_isa_name(bench_isa isa);
+/* @return the loop of the probe for a level of the library's kernels: the widest loop at or
+ *         below it (AMX takes the AVX-512 loop: the probe measures FP32 FMA). */
+sdpa_isa bench_peak_loop(sdpa_isa level);
 
-/* @return the widest variant that this build has and this CPU and OS support, not above cap
- *         (AUTO = no cap). */
-bench_isa bench_isa_best(bench_isa cap);
+/* @return a monotonic clock in seconds, for the probe's trials and the timed calls. */
+double bench_now_s(void);
 
 /* Measures the FMA peak and read bandwidth with n_threads threads (>= 1) running the loops
- * of `isa` at once (AUTO = the best). Takes about a second.
+ * of `isa` at once (a level the caller knows this CPU runs: see bench_peak_loop). Takes about
+ * a second.
  * @return 0, or -1 if a thread or the buffer could not be created (message in err, of size
  *         errcap). */
-int bench_peak_measure(int n_threads, bench_isa isa, bench_peak *out, char *err, size_t errcap);
+int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, size_t errcap);
 
 /* The inner loops. Each fma loop runs `iters` iterations of independent FMA chains and
  * returns a value that depends on all of them (so the compiler cannot drop the work);
@@ -57,7 +53,7 @@ float bench_fma_avx512(int64_t iters, int64_t *flops_per_iter);
 float bench_read_avx512(const float *p, size_t n);
 
 /* ---------------------------------------------------------------------------------------- */
-/* What is timed and what was measured (bench.c fills them, report.c prints them)            */
+/* What is timed and what was measured (bench.c fills them, bench_report.c prints them)     */
 /* ---------------------------------------------------------------------------------------- */
 
 typedef enum bench_mask {
@@ -87,7 +83,8 @@ typedef struct bench_result {
 typedef struct bench_run {
     const char *preset; /* NULL when the shapes came from --shape */
     int n_threads;
-    const char *isa;
+    const char *isa;     /* sdpa_isa_name(sdpa_ctx_isa()): the level of the kernels that run */
+    const char *kernel;  /* sdpa_ctx_kernel(): the implementation that runs */
     char describe[2048]; /* sdpa_ctx_describe(): the dispatch and the kernels available */
     char cpu[128];
     char date[32];
