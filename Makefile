@@ -57,25 +57,18 @@ bench: build
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
-# The fuzz targets (tests/fuzz/: .npy header and load, and the API) under libFuzzer with ASan+UBSan, FUZZ_SECONDS each; new
-# inputs go to $(FUZZ_BUILD)/corpus-*, the committed seeds in tests/fuzz/corpus/ are only read.
-# -max_len reaches past the 64 KiB header limit (libFuzzer still favours short inputs).
+# The fuzz targets (tests/fuzz/: the .npy header and load, and the API) under libFuzzer with
+# ASan+UBSan, FUZZ_SECONDS each, built by CMake with SDPA_FUZZ in FUZZ_BUILD
+# (tests/fuzz/run_fuzz.sh). New inputs go to $(FUZZ_BUILD)/corpus-*; the committed seeds in
+# tests/fuzz/corpus/ are only read.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD   ?= build-fuzz
 fuzz:
-	mkdir -p $(FUZZ_BUILD)/corpus-npy_header $(FUZZ_BUILD)/corpus-npy_load
-	for t in npy_header npy_load; do \
-	  $(FUZZ_CC) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
-	    -D_POSIX_C_SOURCE=200809L -Iinclude -Icli tests/fuzz/fuzz_$$t.c cli/npy.c \
-	    cli/atomic_file.c -o $(FUZZ_BUILD)/fuzz_$$t || exit 1; \
+	for t in npy_header npy_load api; do \
+	  FUZZ_CC=$(FUZZ_CC) JOBS=$(JOBS) bash tests/fuzz/run_fuzz.sh $$t $(FUZZ_SECONDS) \
+	    $(FUZZ_BUILD) || exit 1; \
 	done
-	for t in npy_header npy_load; do \
-	  ./$(FUZZ_BUILD)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=140000 \
-	    -dict=tests/fuzz/npy.dict -artifact_prefix=$(FUZZ_BUILD)/ \
-	    $(FUZZ_BUILD)/corpus-$$t tests/fuzz/corpus/$$t || exit 1; \
-	done
-	bash tests/fuzz/run_api_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BUILD)
 
 format:
 	clang-format -i $$(git ls-files -co --exclude-standard '*.c' '*.h')

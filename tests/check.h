@@ -7,11 +7,13 @@
  *
  * Usage:
  *     static void test_something(void) { CHECK(1 + 1 == 2); CHECK_NEAR(x, 0.5, 1e-6); }
- *     int main(int argc, char **argv) {
- *         static const check_case cases[] = {CASE(test_something)};
- *         return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
- *     }
- * `prog NAME` runs only the cases whose name contains NAME.
+ *     CHECK_MAIN(CASE(test_something), CASE(test_other))
+ * or, for a program with work to do around its cases, a main() of its own that returns
+ * CHECK_RUN(argc, argv, CASE(test_something), ...). `prog NAME` runs only the cases whose name
+ * contains NAME.
+ *
+ * The failure count is per translation unit: a CHECK counts only in the program file that
+ * makes it, so helpers that check go in the test's own file or in a header like this one.
  */
 #ifndef SDPA_TEST_CHECK_H
 #define SDPA_TEST_CHECK_H
@@ -94,5 +96,16 @@ static inline int check_run(const check_case *cases, size_t n, int argc, char **
     printf("%d passed, %d failed\n", passed, failed);
     return failed == 0 && passed > 0 ? 0 : 1;
 }
+
+/* check_run over the cases listed in place: CHECK_RUN(argc, argv, CASE(a), CASE(b), ...). */
+#define CHECK_RUN(argc, argv, ...)                                                                 \
+    check_run((const check_case[]){__VA_ARGS__},                                                   \
+              sizeof((const check_case[]){__VA_ARGS__}) / sizeof(check_case), (argc), (argv))
+
+/* The main() of a program that only runs its cases: CHECK_MAIN(CASE(a), CASE(b), ...). */
+#define CHECK_MAIN(...)                                                                            \
+    int main(int argc, char **argv) {                                                              \
+        return CHECK_RUN(argc, argv, __VA_ARGS__);                                                 \
+    }
 
 #endif /* SDPA_TEST_CHECK_H */

@@ -2,15 +2,8 @@
 # test_bench.sh — `sdpa bench` as a script meets it: a tiny shape runs, exits 0 and writes a
 # JSON file that parses and holds the figures; usage errors exit 2; --help exits 0. It never
 # checks a time or a rate (the machines are shared). Usage: test_bench.sh PATH/TO/sdpa
-set -u
-sdpa=$1
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-ok() { echo "  ok   $1"; passed=$((passed + 1)); }
-fail() { echo "  FAIL $1"; failed=$((failed + 1)); }
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # check NAME WANT_EXIT -- ARGS...: runs sdpa bench ARGS and checks the exit code.
 check() {
@@ -21,7 +14,7 @@ check() {
   if [ "$rc" -eq "$want" ]; then
     ok "$name"
   else
-    fail "$name: exit $rc, want $want"
+    fail "$name" "exit $rc, want $want"
     sed 's/^/    /' "$tmp/err" | head -5
   fi
 }
@@ -61,6 +54,12 @@ check bad_threads 2 -- --threads -3
 check bad_shape 2 -- --shape 1,3/2,8,8,4
 check bad_preset 2 -- --preset huge
 check bad_json_dir 1 -- --shape 1,1,4,4,4 --json "$tmp/no/such/dir/x.json"
+check bad_peak_isa 2 -- --peak-isa sse
+# The peak probe follows the library's level: the generic loop on request, and a level above
+# the kernels' (here capped by SDPA_MAX_ISA) refused as a runtime error before any timing.
+check peak_generic 0 -- --shape 1,1,8,8,4 --reps 1 --min-time 0.1 --threads 1 --peak-isa generic
+if grep -q 'generic loop' "$tmp/out"; then ok peak_generic_named; else fail peak_generic_named; fi
+SDPA_MAX_ISA=generic check peak_above_kernels 1 -- --shape 1,1,8,8,4 --peak-isa avx2
+if grep -q 'does not go above' "$tmp/err"; then ok peak_above_message; else fail peak_above_message; fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

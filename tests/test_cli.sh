@@ -2,12 +2,8 @@
 # test_cli.sh — the sdpa command as a user meets it: `sdpa demo` prints the seeds' numbers,
 # every subcommand answers --help, `sdpa info` reports the dispatch, and usage errors exit 2
 # with a message on stderr. Usage: test_cli.sh PATH/TO/sdpa
-set -u
-sdpa=$1
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # expect NAME WANT_EXIT PATTERN -- ARGS...: runs sdpa ARGS, checks exit code and that the
 # combined output matches the extended regex PATTERN.
@@ -17,15 +13,14 @@ expect() {
   "$sdpa" "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
   if [ "$rc" -ne "$want" ]; then
-    echo "  FAIL $name: exit $rc, want $want"; sed 's/^/    /' "$tmp/err" | head -5
-    failed=$((failed + 1)); return
+    fail "$name" "exit $rc, want $want"; sed 's/^/    /' "$tmp/err" | head -5
+    return
   fi
   if ! cat "$tmp/out" "$tmp/err" | grep -Eq -- "$pattern"; then
-    echo "  FAIL $name: output does not match /$pattern/"; head -5 "$tmp/out" "$tmp/err"
-    failed=$((failed + 1)); return
+    fail "$name" "output does not match /$pattern/"; head -5 "$tmp/out" "$tmp/err"
+    return
   fi
-  echo "  ok   $name"
-  passed=$((passed + 1))
+  ok "$name"
 }
 
 # The demo reproduces the seeds' walk-through (shared/seeds, torch.manual_seed(42)).
@@ -49,5 +44,4 @@ expect version 0 '^sdpa [0-9]+\.[0-9]+\.[0-9]+$' -- version
 expect no_command 2 '^usage: sdpa <command>' --
 expect unknown_command 2 "unknown command 'frobnicate'" -- frobnicate
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+finish

@@ -5,21 +5,8 @@
 # pipe; --causal masks the future; the user's own .npy files (written here byte by byte, so
 # numpy is not needed) give the right result; every error exits with the right code and says
 # why on stderr. Usage: test_explain.sh PATH/TO/sdpa
-set -u
-sdpa=$1
-passed=0
-failed=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-ok() {
-  echo "  ok   $1"
-  passed=$((passed + 1))
-}
-fail() {
-  echo "  FAIL $1: $2"
-  failed=$((failed + 1))
-}
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # run ARGS...: runs sdpa explain ARGS with stdout in $tmp/out, stderr in $tmp/err; sets rc.
 run() {
@@ -229,5 +216,4 @@ done
 expect help_examples 0 out '^examples:' -- -h
 if "$sdpa" --help | grep -q '^  explain '; then ok main_usage_lists_explain; else fail main_usage_lists_explain "not in 'sdpa --help'"; fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+finish

@@ -57,9 +57,11 @@ static void test_exp_accuracy(void) {
     }
 }
 
-/* One problem against the golden at every level the CPU has, by the rule. */
-static int check_all_isas(const char *name, const sdpa_tensor *q, const sdpa_tensor *k,
-                          const sdpa_tensor *v, const sdpa_params *p) {
+/* One problem against the golden at every level the CPU has, by the rule (each level writes
+ * the problem's o and lse). */
+static int check_all_isas(const char *name, tu_problem *pb) {
+    const sdpa_tensor *q = &pb->q.t, *k = &pb->k.t, *v = &pb->v.t;
+    const sdpa_params *p = &pb->p;
     const int64_t n_out = q->shape[0] * q->shape[1] * q->shape[2] * v->shape[3];
     const int64_t n_lse = q->shape[0] * q->shape[1] * q->shape[2];
     double *want = malloc((size_t)n_out * sizeof *want), *lp = malloc((size_t)n_out * sizeof *lp);
@@ -67,9 +69,6 @@ static int check_all_isas(const char *name, const sdpa_tensor *q, const sdpa_ten
     double *lp_lse = malloc((size_t)n_lse * sizeof *lp_lse);
     tu_naive_forward(q, k, v, p, -1, want, want_lse);
     tu_naive_forward(q, k, v, p, SDPA_F32, lp, lp_lse);
-    tu_tensor o =
-        tu_alloc(SDPA_F32, q->shape[0], q->shape[1], q->shape[2], v->shape[3], TU_BHLD, 0, 0);
-    tu_tensor l = tu_alloc(SDPA_F32, q->shape[0], q->shape[1], q->shape[2], 1, TU_BHLD, 0, 0);
     int ok = 1;
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
@@ -80,11 +79,11 @@ static int check_all_isas(const char *name, const sdpa_tensor *q, const sdpa_ten
             continue;
         }
         sdpa_ctx *ctx = tu_ctx(0, impls[t].level);
-        if (sdpa_forward(ctx, q, k, v, p, &o.t, &l.t) != SDPA_OK) {
+        if (tu_problem_forward(ctx, pb) != SDPA_OK) {
             printf("    %s: %s\n", name, sdpa_ctx_last_error(ctx));
             ok = 0;
         } else {
-            double *got = tu_to_doubles(&o.t), *got_lse = tu_to_doubles(&l.t);
+            double *got = tu_to_doubles(&pb->o.t), *got_lse = tu_to_doubles(&pb->lse.t);
             char what[96];
             snprintf(what, sizeof what, "%s [%s] out", name, isa);
             ok &= tu_rule(what, got, lp, want, (size_t)n_out, SDPA_F32, 3.0, 1e-10);
@@ -95,8 +94,6 @@ static int check_all_isas(const char *name, const sdpa_tensor *q, const sdpa_ten
         }
         sdpa_ctx_destroy(ctx);
     }
-    tu_free(&o);
-    tu_free(&l);
     free(want);
     free(lp);
     free(want_lse);
@@ -114,22 +111,14 @@ static void test_tile_boundaries(void) {
     for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
         for (int variant = 0; variant < 4; variant++) {
             const int64_t hkv = 1, hq = variant & 1 ? 3 : 1, d = lens[n][0] > 500 ? 64 : 40;
-            tu_tensor q = tu_alloc(SDPA_F32, 1, hq, lens[n][0], d, TU_BHLD, 0, 0);
-            tu_tensor k = tu_alloc(SDPA_F32, 1, hkv, lens[n][1], d, TU_BHLD, 0, 0);
-            tu_tensor v = tu_alloc(SDPA_F32, 1, hkv, lens[n][1], d, TU_BHLD, 0, 0);
-            tu_fill_randn(&q, &r, 1, 0);
-            tu_fill_randn(&k, &r, 1, 0);
-            tu_fill_randn(&v, &r, 1, 0);
-            sdpa_params p = {0};
-            p.causal = variant >= 2;
-            p.align = n % 2 ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+            tu_problem pb = tu_problem_new((tu_dims){1, hq, hkv, lens[n][0], lens[n][1], d, d}, &r);
+            pb.p.causal = variant >= 2;
+            pb.p.align = n % 2 ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
             char name[64];
             snprintf(name, sizeof name, "Lq=%lld Lk=%lld Hq=%lld causal=%d", (long long)lens[n][0],
-                     (long long)lens[n][1], (long long)hq, p.causal);
-            CHECK_MSG(check_all_isas(name, &q.t, &k.t, &v.t, &p), "%s", name);
-            tu_free(&q);
-            tu_free(&k);
-            tu_free(&v);
+                     (long long)lens[n][1], (long long)hq, pb.p.causal);
+            CHECK_MSG(check_all_isas(name, &pb), "%s", name);
+            tu_problem_free(&pb);
         }
 }
 
@@ -138,32 +127,25 @@ static void test_tile_boundaries(void) {
 static void test_nan_inside_tiles(void) {
     enum { L = 150, D = 24 };
     tu_rng r = {5};
-    tu_tensor q = tu_alloc(SDPA_F32, 1, 2, L, D, TU_BHLD, 0, 0);
-    tu_tensor k = tu_alloc(SDPA_F32, 1, 2, L, D, TU_BHLD, 0, 0);
-    tu_tensor v = tu_alloc(SDPA_F32, 1, 2, L, D, TU_BHLD, 0, 0);
-    tu_tensor o = tu_alloc(SDPA_F32, 1, 2, L, D, TU_BHLD, 0, 0);
-    tu_fill_randn(&q, &r, 1, 0);
-    tu_fill_randn(&k, &r, 1, 0);
-    tu_fill_randn(&v, &r, 1, 0);
-    tu_set(&v.t, 0, 0, 70, 3, NAN);      /* seen by rows 70..80 only (window 10 left, causal) */
-    tu_set(&v.t, 0, 1, 10, 5, INFINITY); /* head 1: inf seen by rows 10..20 */
-    tu_set(&k.t, 0, 0, 100, 0, NAN);     /* seen by rows 100..110 */
-    sdpa_params p = {0};
-    p.causal = 1;
-    p.use_window = 1;
-    p.window_left = 10;
+    tu_problem pb = tu_problem_new((tu_dims){1, 2, 2, L, L, D, D}, &r);
+    tu_set(&pb.v.t, 0, 0, 70, 3, NAN);      /* seen by rows 70..80 only (window 10 left, causal) */
+    tu_set(&pb.v.t, 0, 1, 10, 5, INFINITY); /* head 1: inf seen by rows 10..20 */
+    tu_set(&pb.k.t, 0, 0, 100, 0, NAN);     /* seen by rows 100..110 */
+    pb.p.causal = 1;
+    pb.p.use_window = 1;
+    pb.p.window_left = 10;
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
     for (int t = 0; t < n_impls; t++) {
         if (!impls[t].runs)
             continue;
         sdpa_ctx *ctx = tu_ctx(0, impls[t].level);
-        CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, NULL), SDPA_OK);
+        CHECK_INT_EQ(sdpa_forward(ctx, &pb.q.t, &pb.k.t, &pb.v.t, &pb.p, &pb.o.t, NULL), SDPA_OK);
         int wrong = 0;
         for (int h = 0; h < 2; h++)
             for (int i = 0; i < L; i++)
                 for (int d = 0; d < D; d++) {
-                    const double x = tu_get(&o.t, 0, h, i, d);
+                    const double x = tu_get(&pb.o.t, 0, h, i, d);
                     const int nan_v = h == 0 && i >= 70 && i <= 80 && d == 3;
                     const int nan_k = h == 0 && i >= 100 && i <= 110;
                     const int inf_v = h == 1 && i >= 10 && i <= 20 && d == 5;
@@ -177,28 +159,17 @@ static void test_nan_inside_tiles(void) {
         CHECK_MSG(wrong == 0, "[%s] %d outputs break the NaN rule", impls[t].name, wrong);
         sdpa_ctx_destroy(ctx);
     }
-    tu_free(&q);
-    tu_free(&k);
-    tu_free(&v);
-    tu_free(&o);
+    tu_problem_free(&pb);
 }
 
 /* Bitwise identical output and LSE for n_threads 1, 2, 3, 4, 7, 16, at every level. */
 static void test_thread_determinism(void) {
     tu_rng r = {3};
-    tu_tensor q = tu_alloc(SDPA_F32, 2, 6, 200, 48, TU_BHLD, 0, 0);
-    tu_tensor k = tu_alloc(SDPA_F32, 2, 2, 333, 48, TU_BHLD, 0, 0);
-    tu_tensor v = tu_alloc(SDPA_F32, 2, 2, 333, 40, TU_BHLD, 0, 0);
-    tu_tensor o1 = tu_alloc(SDPA_F32, 2, 6, 200, 40, TU_BHLD, 0, 0);
-    tu_tensor o2 = tu_alloc(SDPA_F32, 2, 6, 200, 40, TU_BHLD, 0, 0);
-    tu_tensor l1 = tu_alloc(SDPA_F32, 2, 6, 200, 1, TU_BHLD, 0, 0);
+    tu_problem pb = tu_problem_new((tu_dims){2, 6, 2, 200, 333, 48, 40}, &r); /* 1 thread */
+    tu_tensor o2 = tu_alloc(SDPA_F32, 2, 6, 200, 40, TU_BHLD, 0, 0);          /* n threads */
     tu_tensor l2 = tu_alloc(SDPA_F32, 2, 6, 200, 1, TU_BHLD, 0, 0);
-    tu_fill_randn(&q, &r, 1, 0);
-    tu_fill_randn(&k, &r, 1, 0);
-    tu_fill_randn(&v, &r, 1, 0);
-    sdpa_params p = {0};
-    p.causal = 1;
-    p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    pb.p.causal = 1;
+    pb.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
     static const int threads[] = {2, 3, 4, 7, 16};
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
@@ -207,33 +178,23 @@ static void test_thread_determinism(void) {
             continue;
         const sdpa_isa isa = impls[t].level;
         sdpa_ctx *one = tu_ctx(1, isa);
-        CHECK_INT_EQ(sdpa_forward(one, &q.t, &k.t, &v.t, &p, &o1.t, &l1.t), SDPA_OK);
+        CHECK_INT_EQ(tu_problem_forward(one, &pb), SDPA_OK);
         sdpa_ctx_destroy(one);
         for (size_t n = 0; n < sizeof threads / sizeof threads[0]; n++) {
             sdpa_ctx *ctx = tu_ctx(threads[n], isa);
             memset(o2.buf, 0, o2.bytes);
-            CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o2.t, &l2.t), SDPA_OK);
-            CHECK_MSG(memcmp(o1.buf, o2.buf, o1.bytes) == 0 &&
-                          memcmp(l1.buf, l2.buf, l1.bytes) == 0,
+            CHECK_INT_EQ(sdpa_forward(ctx, &pb.q.t, &pb.k.t, &pb.v.t, &pb.p, &o2.t, &l2.t),
+                         SDPA_OK);
+            CHECK_MSG(memcmp(pb.o.buf, o2.buf, pb.o.bytes) == 0 &&
+                          memcmp(pb.lse.buf, l2.buf, pb.lse.bytes) == 0,
                       "[%s] n_threads=%d differs from 1 thread", impls[t].name, threads[n]);
             sdpa_ctx_destroy(ctx);
         }
     }
-    tu_free(&q);
-    tu_free(&k);
-    tu_free(&v);
-    tu_free(&o1);
+    tu_problem_free(&pb);
     tu_free(&o2);
-    tu_free(&l1);
     tu_free(&l2);
 }
 
-int main(int argc, char **argv) {
-    static const check_case cases[] = {
-        CASE(test_exp_accuracy),
-        CASE(test_tile_boundaries),
-        CASE(test_nan_inside_tiles),
-        CASE(test_thread_determinism),
-    };
-    return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
-}
+CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_tile_boundaries), CASE(test_nan_inside_tiles),
+           CASE(test_thread_determinism))

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #ifndef SDPA_GOLDEN_DIR
-#define SDPA_GOLDEN_DIR "tests/golden" /* tests/extra_tests.cmake passes the real one */
+#define SDPA_GOLDEN_DIR "tests/golden" /* tests/CMakeLists.txt passes the real one */
 #endif
 
 #define GOLDEN_VERSION 1

@@ -28,26 +28,18 @@ static uint32_t bits_of(float f) {
     return u;
 }
 
-/* x must narrow to `bits`, and -x to the same bits with the sign bit set. */
-#define EXPECT_F16(x, bits)                                                                        \
+/* x must narrow to `bits`, and -x to the same bits with the sign bit set; `name` is the
+ * conversion's name in the messages. */
+#define EXPECT_NARROW(name, narrow, x, bits)                                                       \
     do {                                                                                           \
         const double e__x = (x);                                                                   \
-        const unsigned e__b = (bits), e__p = sdpa__f64_to_f16(e__x),                               \
-                       e__n = sdpa__f64_to_f16(-e__x);                                             \
-        CHECK_MSG(e__p == e__b, "f64_to_f16(%a) = 0x%04x, expected 0x%04x", e__x, e__p, e__b);     \
-        CHECK_MSG(e__n == (e__b | 0x8000u), "f64_to_f16(%a) = 0x%04x, expected 0x%04x", -e__x,     \
-                  e__n, e__b | 0x8000u);                                                           \
+        const unsigned e__b = (bits), e__p = narrow(e__x), e__n = narrow(-e__x);                   \
+        CHECK_MSG(e__p == e__b, "%s(%a) = 0x%04x, expected 0x%04x", name, e__x, e__p, e__b);       \
+        CHECK_MSG(e__n == (e__b | 0x8000u), "%s(%a) = 0x%04x, expected 0x%04x", name, -e__x, e__n, \
+                  e__b | 0x8000u);                                                                 \
     } while (0)
-
-#define EXPECT_BF16(x, bits)                                                                       \
-    do {                                                                                           \
-        const double e__x = (x);                                                                   \
-        const unsigned e__b = (bits), e__p = sdpa__f64_to_bf16(e__x),                              \
-                       e__n = sdpa__f64_to_bf16(-e__x);                                            \
-        CHECK_MSG(e__p == e__b, "f64_to_bf16(%a) = 0x%04x, expected 0x%04x", e__x, e__p, e__b);    \
-        CHECK_MSG(e__n == (e__b | 0x8000u), "f64_to_bf16(%a) = 0x%04x, expected 0x%04x", -e__x,    \
-                  e__n, e__b | 0x8000u);                                                           \
-    } while (0)
+#define EXPECT_F16(x, bits) EXPECT_NARROW("f64_to_f16", sdpa__f64_to_f16, x, bits)
+#define EXPECT_BF16(x, bits) EXPECT_NARROW("f64_to_bf16", sdpa__f64_to_bf16, x, bits)
 
 /* The value of a positive, finite binary16 pattern, from the definition of the format:
  * 1 sign, 5 exponent (bias 15), 10 fraction bits; exponent field 0 is subnormal (m * 2^-24),
@@ -74,25 +66,44 @@ static int bf16_is_nan(unsigned h) {
 
 /* ---- widening and narrowing back, every pattern ------------------------------------------- */
 
-static void test_f16_all_patterns_round_trip(void) {
+/* A 16-bit format as the round-trip test sees it: the library's conversions, the format's
+ * own definition, and the pattern of +inf. */
+typedef struct half_format {
+    const char *name; /* "f16" */
+    float (*widen)(uint16_t);
+    uint16_t (*narrow)(double);
+    int (*is_nan)(unsigned);
+    double (*value)(unsigned); /* of a positive, finite pattern */
+    unsigned inf;
+    int top_half_of_f32; /* bfloat16: the float's bits are the pattern << 16 exactly */
+} half_format;
+
+static const half_format f16_format = {
+    "f16", sdpa__f16_to_f32, sdpa__f64_to_f16, f16_is_nan, f16_value, 0x7c00u, 0};
+static const half_format bf16_format = {
+    "bf16", sdpa__bf16_to_f32, sdpa__f64_to_bf16, bf16_is_nan, bf16_value, 0x7f80u, 1};
+
+/* Every one of the 65536 patterns widens exactly and narrows back to itself. */
+static void all_patterns_round_trip(const half_format *fmt) {
     int bad_value = 0, bad_trip = 0;
     for (unsigned h = 0; h <= 0xffffu; h++) {
-        const float f = sdpa__f16_to_f32((uint16_t)h);
-        const unsigned back = sdpa__f64_to_f16((double)f);
+        const float f = fmt->widen((uint16_t)h);
+        const unsigned back = fmt->narrow((double)f);
         const unsigned mag = h & 0x7fffu;
         const int neg = (h & 0x8000u) != 0;
-        if (f16_is_nan(h)) {
+        if (fmt->is_nan(h)) {
             /* NaN widens to NaN and narrows back to a NaN (the payload may be canonical). */
-            if (!isnan(f) || !f16_is_nan(back))
+            if (!isnan(f) || !fmt->is_nan(back))
                 CHECK_MSG(bad_trip++ > 0, "NaN 0x%04x -> %a -> 0x%04x", h, (double)f, back);
             continue;
         }
         /* Widening is exact: the float equals the value from the format's definition, with
          * the sign bit kept (so 0x8000 is -0.0). */
-        const double want = mag == 0x7c00u ? INFINITY : f16_value(mag);
-        if ((double)f != (neg ? -want : want) || (signbit(f) != 0) != neg)
-            CHECK_MSG(bad_value++ > 0, "f16_to_f32(0x%04x) = %a, expected %a", h, (double)f,
-                      neg ? -want : want);
+        const double want = mag == fmt->inf ? INFINITY : fmt->value(mag);
+        if ((double)f != (neg ? -want : want) || (signbit(f) != 0) != neg ||
+            (fmt->top_half_of_f32 && bits_of(f) != (uint32_t)h << 16))
+            CHECK_MSG(bad_value++ > 0, "%s_to_f32(0x%04x) = %a, expected %a", fmt->name, h,
+                      (double)f, neg ? -want : want);
         if (back != h)
             CHECK_MSG(bad_trip++ > 0, "0x%04x -> %a -> 0x%04x", h, (double)f, back);
     }
@@ -100,28 +111,12 @@ static void test_f16_all_patterns_round_trip(void) {
     CHECK_INT_EQ(bad_trip, 0);
 }
 
+static void test_f16_all_patterns_round_trip(void) {
+    all_patterns_round_trip(&f16_format);
+}
+
 static void test_bf16_all_patterns_round_trip(void) {
-    int bad_value = 0, bad_trip = 0;
-    for (unsigned h = 0; h <= 0xffffu; h++) {
-        const float f = sdpa__bf16_to_f32((uint16_t)h);
-        const unsigned back = sdpa__f64_to_bf16((double)f);
-        const unsigned mag = h & 0x7fffu;
-        const int neg = (h & 0x8000u) != 0;
-        if (bf16_is_nan(h)) {
-            if (!isnan(f) || !bf16_is_nan(back))
-                CHECK_MSG(bad_trip++ > 0, "NaN 0x%04x -> %a -> 0x%04x", h, (double)f, back);
-            continue;
-        }
-        const double want = mag == 0x7f80u ? INFINITY : bf16_value(mag);
-        /* bfloat16 is the top half of a binary32: the float's bits are h << 16 exactly. */
-        if ((double)f != (neg ? -want : want) || bits_of(f) != (uint32_t)h << 16)
-            CHECK_MSG(bad_value++ > 0, "bf16_to_f32(0x%04x) = %a, expected %a", h, (double)f,
-                      neg ? -want : want);
-        if (back != h)
-            CHECK_MSG(bad_trip++ > 0, "0x%04x -> %a -> 0x%04x", h, (double)f, back);
-    }
-    CHECK_INT_EQ(bad_value, 0);
-    CHECK_INT_EQ(bad_trip, 0);
+    all_patterns_round_trip(&bf16_format);
 }
 
 /* ---- round to nearest, ties to even: binary16 --------------------------------------------- */
@@ -455,22 +450,10 @@ static void test_any_rounding_mode(void) {
     fesetround(FE_TONEAREST);
 }
 
-int main(int argc, char **argv) {
-    static const check_case cases[] = {
-        CASE(test_f16_all_patterns_round_trip),
-        CASE(test_bf16_all_patterns_round_trip),
-        CASE(test_f16_ties_normal),
-        CASE(test_f16_ties_subnormal),
-        CASE(test_f16_normal_subnormal_boundary),
-        CASE(test_f16_overflow_and_limits),
-        CASE(test_bf16_ties_normal),
-        CASE(test_bf16_ties_subnormal_and_boundary),
-        CASE(test_bf16_overflow_and_limits),
-        CASE(test_no_double_rounding_through_f32),
-        CASE(test_signed_zeros_inf_nan),
-        CASE(test_f16_random_against_oracle),
-        CASE(test_bf16_random_against_oracle),
-        CASE(test_any_rounding_mode),
-    };
-    return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
-}
+CHECK_MAIN(CASE(test_f16_all_patterns_round_trip), CASE(test_bf16_all_patterns_round_trip),
+           CASE(test_f16_ties_normal), CASE(test_f16_ties_subnormal),
+           CASE(test_f16_normal_subnormal_boundary), CASE(test_f16_overflow_and_limits),
+           CASE(test_bf16_ties_normal), CASE(test_bf16_ties_subnormal_and_boundary),
+           CASE(test_bf16_overflow_and_limits), CASE(test_no_double_rounding_through_f32),
+           CASE(test_signed_zeros_inf_nan), CASE(test_f16_random_against_oracle),
+           CASE(test_bf16_random_against_oracle), CASE(test_any_rounding_mode))

@@ -9,6 +9,7 @@
  * HEATMAP_TEST_KEEP=DIR keeps the pictures in DIR (which must exist) to look at them.
  */
 #include "check.h"
+#include "testutil.h"
 
 #include "colormap.h"
 #include "font.h"
@@ -16,7 +17,6 @@
 
 #include <png.h>
 
-#include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,18 +29,6 @@ static int keep_files;
 
 static void out_path(char *buf, size_t n, const char *name) {
     snprintf(buf, n, "%s/%s", out_dir, name);
-}
-
-/* Entries in dir other than . and .. */
-static int count_entries(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return -1;
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
-    closedir(d);
-    return n;
 }
 
 /* Decodes a PNG as 8-bit RGB. @return the pixels (free them), or NULL. */
@@ -143,6 +131,15 @@ static void check_colour_bar(const picture *pic) {
         for (int x = g->bar_x + g->bar_w + 2; x < g->bar_x + g->bar_w + 80 && x < pic->w; x++)
             dark += pixel(pic->px, pic->w, x, y)[0] < 100;
     CHECK_MSG(dark > 100, "only %d dark pixels of tick labels beside the colour bar", dark);
+}
+
+/* n weights, every one `value`; a failed check and NULL when memory is short. */
+static float *constant_weights(size_t n, float value) {
+    float *w = malloc(n * sizeof *w);
+    CHECK_MSG(w != NULL, "no memory for %zu weights", n);
+    for (size_t i = 0; w != NULL && i < n; i++)
+        w[i] = value;
+    return w;
 }
 
 static void free_picture(picture *pic) {
@@ -296,13 +293,9 @@ static void test_grid(void) {
 /* 1000 x 1500 is shown as 250 x 250 means of 4 x 6 blocks. */
 static void test_large_averaged(void) {
     enum { LQ = 1000, LK = 1500 };
-    float *w = malloc(sizeof(float) * LQ * LK);
-    if (w == NULL) {
-        CHECK(0);
+    float *w = constant_weights((size_t)LQ * LK, 1.0f / LK);
+    if (w == NULL)
         return;
-    }
-    for (int i = 0; i < LQ * LK; i++)
-        w[i] = 1.0f / LK;
     /* Block (10, 20) holds the largest mean; block (100, 200) and all of row block 249 are 0. */
     for (int i = 40; i < 44; i++)
         for (int j = 120; j < 126; j++)
@@ -365,13 +358,9 @@ static void test_nan(void) {
 
     /* Averaged: one NaN among 600 x 600 weights taints exactly its block. */
     enum { L = 600 };
-    float *big = malloc(sizeof(float) * L * L);
-    if (big == NULL) {
-        CHECK(0);
+    float *big = constant_weights((size_t)L * L, 1.0f / L);
+    if (big == NULL)
         return;
-    }
-    for (int i = 0; i < L * L; i++)
-        big[i] = 1.0f / L;
     big[300 * L + 301] = NAN;
     if (render_and_read("nan_large.png", big, 1, 1, L, L, NULL, &pic) == 0) {
         CHECK_INT_EQ(pic.g.block_q, 3);
@@ -430,11 +419,9 @@ static void test_strip_and_many_heads(void) {
     }
     /* 64 heads of 300 x 300 still fit in 2000 pixels, averaged more than max_cells asks. */
     enum { H = 64, L = 300 };
-    float *many = malloc(sizeof(float) * H * L * L);
-    if (many == NULL) {
-        CHECK(0);
+    float *many = constant_weights((size_t)H * L * L, 0.0f);
+    if (many == NULL)
         return;
-    }
     for (int64_t i = 0; i < (int64_t)H * L * L; i++)
         many[i] = (float)(i % 7) / 6.0f;
     heatmap_opts o = heatmap_opts_default();
@@ -478,20 +465,20 @@ static void test_errors(void) {
     CHECK_STR_CONTAINS(err, "65 heads");
     CHECK_INT_EQ(heatmap_write_png(path, w, 1, 1, 0, 4, &o, err, sizeof err), -1);
     CHECK_INT_EQ(heatmap_write_png(path, NULL, 1, 1, 2, 4, &o, err, sizeof err), -1);
-    CHECK_INT_EQ(count_entries(sub), 0);
+    CHECK_INT_EQ(tu_count_entries(sub, NULL), 0);
 
     /* A write over an existing file replaces it and leaves no temporary file. */
     o.head = 0;
     CHECK_INT_EQ(heatmap_write_png(path, w, 1, 1, 2, 4, &o, err, sizeof err), 0);
     CHECK_INT_EQ(heatmap_write_png(path, w, 1, 1, 2, 4, &o, err, sizeof err), 0);
-    CHECK_INT_EQ(count_entries(sub), 1);
+    CHECK_INT_EQ(tu_count_entries(sub, NULL), 1);
     /* A directory in the way of the target: the rename fails, the temporary file goes. */
     char blocked[280];
     snprintf(blocked, sizeof blocked, "%s/blocked.png", sub);
     mkdir(blocked, 0777);
     CHECK_INT_EQ(heatmap_write_png(blocked, w, 1, 1, 2, 4, &o, err, sizeof err), -1);
     CHECK_STR_CONTAINS(err, blocked);
-    CHECK_INT_EQ(count_entries(sub), 2);
+    CHECK_INT_EQ(tu_count_entries(sub, NULL), 2);
     rmdir(blocked);
     if (!keep_files) {
         unlink(path);
@@ -515,42 +502,20 @@ static void test_long_title(void) {
     }
 }
 
-static void remove_outputs(void) {
-    DIR *d = opendir(out_dir);
-    if (d == NULL)
-        return;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", out_dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(out_dir);
-}
-
 int main(int argc, char **argv) {
     const char *keep = getenv("HEATMAP_TEST_KEEP");
     if (keep != NULL && keep[0] != '\0') {
         snprintf(out_dir, sizeof out_dir, "%s", keep);
         keep_files = 1;
-    } else {
-        snprintf(out_dir, sizeof out_dir, "/tmp/sdpa_heatmap_XXXXXX");
-        if (mkdtemp(out_dir) == NULL) {
-            perror("mkdtemp");
-            return 1;
-        }
+    } else if (tu_scratch_dir(out_dir, sizeof out_dir, "sdpa_heatmap_") != 0) {
+        perror("mkdtemp");
+        return 1;
     }
-    static const check_case cases[] = {
-        CASE(test_colormap),       CASE(test_font),
-        CASE(test_single_head),    CASE(test_grid),
-        CASE(test_large_averaged), CASE(test_nan),
-        CASE(test_masked_rows),    CASE(test_strip_and_many_heads),
-        CASE(test_errors),         CASE(test_long_title),
-    };
-    const int rc = check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
+    const int rc = CHECK_RUN(
+        argc, argv, CASE(test_colormap), CASE(test_font), CASE(test_single_head), CASE(test_grid),
+        CASE(test_large_averaged), CASE(test_nan), CASE(test_masked_rows),
+        CASE(test_strip_and_many_heads), CASE(test_errors), CASE(test_long_title));
     if (!keep_files)
-        remove_outputs();
+        tu_remove_dir(out_dir);
     return rc;
 }

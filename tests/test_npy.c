@@ -12,9 +12,10 @@
 #include "../src/core/half.h"
 #include "check.h"
 #include "npy.h"
+#include "testutil.h"
 
-#include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,7 +26,7 @@
 #include <unistd.h>
 
 #ifndef NPY_FIXTURE_DIR
-#error "NPY_FIXTURE_DIR must name tests/npy/fixtures (tests/extra_tests.cmake sets it)"
+#error "NPY_FIXTURE_DIR must name tests/npy/fixtures (tests/CMakeLists.txt sets it)"
 #endif
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -77,18 +78,6 @@ static int write_all(const char *path, const void *data, size_t n) {
         return -1;
     const int ok = fwrite(data, 1, n, f) == n;
     return fclose(f) == 0 && ok ? 0 : -1;
-}
-
-/* Files in tmp_dir whose name contains ".tmp." — leftovers of a failed atomic write. */
-static int count_temp_files(void) {
-    DIR *d = opendir(tmp_dir);
-    int n = 0;
-    if (d == NULL)
-        return -1;
-    for (struct dirent *e; (e = readdir(d)) != NULL;)
-        n += strstr(e->d_name, ".tmp.") != NULL;
-    closedir(d);
-    return n;
 }
 
 static sdpa_dtype dtype_from_name(const char *s) {
@@ -540,7 +529,7 @@ static void test_save_round_trips(void) {
         }
     }
     remove(path);
-    CHECK(count_temp_files() == 0);
+    CHECK(tu_count_entries(tmp_dir, ".tmp.") == 0);
 }
 
 static void test_save_refuses(void) {
@@ -558,7 +547,7 @@ static void test_save_refuses(void) {
     CHECK(npy_save(path, SDPA_F32, 1, &nine[8], NULL, err, sizeof err) == -1);
     struct stat st;
     CHECK(stat(path, &st) != 0 && errno == ENOENT);
-    CHECK(count_temp_files() == 0);
+    CHECK(tu_count_entries(tmp_dir, ".tmp.") == 0);
 }
 
 /* Into a directory that does not exist: an error naming the path, and nothing created. */
@@ -571,7 +560,7 @@ static void test_save_missing_dir(void) {
     CHECK(strncmp(err, path, strlen(path)) == 0);
     struct stat st;
     CHECK(stat(dir, &st) != 0 && errno == ENOENT);
-    CHECK(count_temp_files() == 0);
+    CHECK(tu_count_entries(tmp_dir, ".tmp.") == 0);
 }
 
 /* Over an existing file: replaced whole on success, untouched when the write fails. The
@@ -605,39 +594,90 @@ static void test_save_replaces_atomically(void) {
     CHECK(npy_load(path, 0, &a, err, sizeof err) == 0); /* the old file, intact */
     CHECK(a.count == 3 && memcmp(a.data, x, sizeof x) == 0);
     npy_free(&a);
-    CHECK(count_temp_files() == 0);
+    CHECK(tu_count_entries(tmp_dir, ".tmp.") == 0);
     free(data);
     remove(path);
 }
 
-static void remove_tmp_dir(void) {
-    DIR *d = opendir(tmp_dir);
-    if (d != NULL) {
-        char path[600];
-        for (struct dirent *e; (e = readdir(d)) != NULL;) {
-            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-                snprintf(path, sizeof path, "%.256s/%.256s", tmp_dir, e->d_name);
-                remove(path);
-            }
-        }
-        closedir(d);
+/* ---- the helpers the commands share ------------------------------------------------------ */
+
+/* npy_format_shape writes Python's tuple repr and stays terminated when cut. */
+static void test_format_shape(void) {
+    char s[NPY_SHAPE_CHARS];
+    npy_format_shape(s, sizeof s, 0, NULL);
+    CHECK(strcmp(s, "()") == 0);
+    const int64_t one[1] = {3};
+    npy_format_shape(s, sizeof s, 1, one);
+    CHECK(strcmp(s, "(3,)") == 0);
+    const int64_t two[2] = {3, 4};
+    npy_format_shape(s, sizeof s, 2, two);
+    CHECK(strcmp(s, "(3, 4)") == 0);
+    /* the widest shape there is fits */
+    int64_t widest[NPY_MAX_DIMS];
+    for (int i = 0; i < NPY_MAX_DIMS; i++)
+        widest[i] = i % 2 ? INT64_MAX : INT64_MIN;
+    npy_format_shape(s, sizeof s, NPY_MAX_DIMS, widest);
+    CHECK_INT_EQ(s[strlen(s) - 1], ')');
+    CHECK(strncmp(s, "(-9223372036854775808, 9223372036854775807, ", 44) == 0);
+    /* a short buffer holds a terminated prefix */
+    char small[5];
+    memset(small, 'x', sizeof small);
+    npy_format_shape(small, sizeof small, 2, two);
+    CHECK(strcmp(small, "(3, ") == 0);
+}
+
+/* npy_to_f32: every f16 bit pattern decodes as the library's decoder does (NaN as NaN), f32
+ * is copied bit for bit, and other dtypes are refused with dst untouched. */
+static void test_to_f32(void) {
+    enum { N = 65536 };
+    uint16_t *h = malloc(N * sizeof *h);
+    float *dst = malloc(N * sizeof *dst);
+    CHECK(h != NULL && dst != NULL);
+    if (h == NULL || dst == NULL) {
+        free(h);
+        free(dst);
+        return;
     }
-    rmdir(tmp_dir);
+    for (int i = 0; i < N; i++)
+        h[i] = (uint16_t)i;
+    npy_array a = {SDPA_F16, 1, {N}, N, h, N * sizeof *h};
+    CHECK_INT_EQ(npy_to_f32(&a, dst), 0);
+    int wrong = 0;
+    for (int i = 0; i < N; i++) {
+        const float want = sdpa__f16_to_f32(h[i]);
+        if (isnan(want) ? !isnan(dst[i]) : memcmp(&want, &dst[i], sizeof want) != 0)
+            wrong++;
+    }
+    CHECK_INT_EQ(wrong, 0);
+    CHECK(dst[0x7c00] == INFINITY && dst[0xfc00] == -INFINITY && dst[1] == 0x1p-24f);
+    CHECK(signbit(dst[0x8000]) && dst[0x8000] == 0.0f);
+
+    const float f[4] = {1.5f, -0.0f, NAN, 0x1p-149f};
+    npy_array b = {SDPA_F32, 1, {4}, 4, (void *)f, sizeof f};
+    CHECK_INT_EQ(npy_to_f32(&b, dst), 0);
+    CHECK(memcmp(f, dst, sizeof f) == 0);
+
+    const sdpa_dtype refused[2] = {SDPA_BF16, SDPA_BOOL};
+    for (int n = 0; n < 2; n++) {
+        dst[0] = 7.0f;
+        npy_array c = {refused[n], 1, {1}, 1, h, 2};
+        CHECK_INT_EQ(npy_to_f32(&c, dst), -1);
+        CHECK(dst[0] == 7.0f);
+    }
+    free(h);
+    free(dst);
 }
 
 int main(int argc, char **argv) {
-    const char *base = getenv("TMPDIR");
-    snprintf(tmp_dir, sizeof tmp_dir, "%.200s/test_npy_XXXXXX", base != NULL ? base : "/tmp");
-    if (mkdtemp(tmp_dir) == NULL) {
+    if (tu_scratch_dir(tmp_dir, sizeof tmp_dir, "test_npy_") != 0) {
         perror("mkdtemp");
         return 1;
     }
-    static const check_case cases[] = {
-        CASE(test_fixtures),       CASE(test_header_accepts),   CASE(test_header_refuses),
-        CASE(test_header_framing), CASE(test_load_errors),      CASE(test_save_round_trips),
-        CASE(test_save_refuses),   CASE(test_save_missing_dir), CASE(test_save_replaces_atomically),
-    };
-    const int rc = check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
-    remove_tmp_dir();
+    const int rc =
+        CHECK_RUN(argc, argv, CASE(test_fixtures), CASE(test_header_accepts),
+                  CASE(test_header_refuses), CASE(test_header_framing), CASE(test_load_errors),
+                  CASE(test_save_round_trips), CASE(test_save_refuses), CASE(test_save_missing_dir),
+                  CASE(test_save_replaces_atomically), CASE(test_format_shape), CASE(test_to_f32));
+    tu_remove_dir(tmp_dir);
     return rc;
 }

@@ -435,19 +435,8 @@ static void test_same_results_any_thread_count(void) {
     CHECK_INT_EQ(atomic_load(&ca.outstanding), 0);
 }
 
-int main(int argc, char **argv) {
-    static const check_case cases[] = {
-        CASE(test_every_task_once),
-        CASE(test_inline_runs),
-        CASE(test_tiny_runs_back_to_back),
-        CASE(test_tiny_runs_oversubscribed),
-        CASE(test_sleep_and_wake),
-        CASE(test_pools_on_several_threads),
-        CASE(test_runs_from_successive_threads),
-        CASE(test_create_destroy_loop),
-        CASE(test_bad_arguments),
-        CASE(test_nomem_without_leaks),
-        CASE(test_same_results_any_thread_count),
-    };
-    return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
-}
+CHECK_MAIN(CASE(test_every_task_once), CASE(test_inline_runs), CASE(test_tiny_runs_back_to_back),
+           CASE(test_tiny_runs_oversubscribed), CASE(test_sleep_and_wake),
+           CASE(test_pools_on_several_threads), CASE(test_runs_from_successive_threads),
+           CASE(test_create_destroy_loop), CASE(test_bad_arguments), CASE(test_nomem_without_leaks),
+           CASE(test_same_results_any_thread_count))

@@ -16,8 +16,8 @@
 enum { B = 2, H = 3, LQ = 13, LK = 21, D = 16 };
 
 typedef struct fixture {
-    tu_tensor q, k, v, o, lse, w, mask;
-    sdpa_params p;
+    tu_problem pb; /* q, k, v, o, lse and the params p */
+    tu_tensor w, mask;
     sdpa_ctx *ctx;
 } fixture;
 
@@ -26,44 +26,35 @@ typedef struct fixture {
 static void setup(fixture *f, uint64_t seed) {
     tu_rng r = {seed};
     memset(f, 0, sizeof *f);
-    f->q = tu_alloc(SDPA_F32, B, H, LQ, D, TU_BHLD, 0, 0);
-    f->k = tu_alloc(SDPA_F32, B, H, LK, D, TU_BHLD, 0, 0);
-    f->v = tu_alloc(SDPA_F32, B, H, LK, D, TU_BHLD, 0, 0);
-    f->o = tu_alloc(SDPA_F32, B, H, LQ, D, TU_BHLD, 0, 0);
-    f->lse = tu_alloc(SDPA_F32, B, H, LQ, 1, TU_BHLD, 0, 0);
+    f->pb = tu_problem_new((tu_dims){B, H, H, LQ, LK, D, D}, NULL);
     f->w = tu_alloc(SDPA_F32, B, H, LQ, LK, TU_BHLD, 0, 0);
     f->mask = tu_alloc(SDPA_BOOL, B, 1, LQ, LK, TU_BHLD, 0, 0);
-    tu_fill_randn(&f->q, &r, 2.0, 0);
-    tu_fill_randn(&f->k, &r, 1.0, 0);
-    tu_fill_randn(&f->v, &r, 1.0, 0);
+    tu_fill_randn(&f->pb.q, &r, 2.0, 0);
+    tu_fill_randn(&f->pb.k, &r, 1.0, 0);
+    tu_fill_randn(&f->pb.v, &r, 1.0, 0);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < LQ; i++)
             for (int j = 0; j < LK; j++)
                 tu_set(&f->mask.t, b, 0, i, j, j == LK - LQ + i || tu_uniform(&r) < 0.7);
-    f->p.mask = &f->mask.t;
-    f->p.causal = 1;
-    f->p.align = SDPA_ALIGN_BOTTOM_RIGHT;
-    f->p.use_window = 1;
-    f->p.window_left = 9;
-    f->p.window_right = -1;
+    f->pb.p.mask = &f->mask.t;
+    f->pb.p.causal = 1;
+    f->pb.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    f->pb.p.use_window = 1;
+    f->pb.p.window_left = 9;
+    f->pb.p.window_right = -1;
     f->ctx = tu_ctx(0, SDPA_ISA_AUTO);
 }
 
 static void teardown(fixture *f) {
-    tu_free(&f->q);
-    tu_free(&f->k);
-    tu_free(&f->v);
-    tu_free(&f->o);
-    tu_free(&f->lse);
+    tu_problem_free(&f->pb);
     tu_free(&f->w);
     tu_free(&f->mask);
     sdpa_ctx_destroy(f->ctx);
 }
 
 static void run(fixture *f) {
-    CHECK_INT_EQ(sdpa_forward(f->ctx, &f->q.t, &f->k.t, &f->v.t, &f->p, &f->o.t, &f->lse.t),
-                 SDPA_OK);
-    CHECK_INT_EQ(sdpa_weights(f->ctx, &f->q.t, &f->k.t, &f->p, &f->w.t), SDPA_OK);
+    CHECK_INT_EQ(tu_problem_forward(f->ctx, &f->pb), SDPA_OK);
+    CHECK_INT_EQ(sdpa_weights(f->ctx, &f->pb.q.t, &f->pb.k.t, &f->pb.p, &f->w.t), SDPA_OK);
 }
 
 static void test_rows_sum_to_one_and_match_output(void) {
@@ -83,14 +74,15 @@ static void test_rows_sum_to_one_and_match_output(void) {
                 for (int d = 0; d < D; d++) {
                     double acc = 0.0, lo = INFINITY, hi = -INFINITY;
                     for (int j = 0; j < LK; j++) {
-                        const double w = tu_get(&f.w.t, b, h, i, j), x = tu_get(&f.v.t, b, h, j, d);
+                        const double w = tu_get(&f.w.t, b, h, i, j),
+                                     x = tu_get(&f.pb.v.t, b, h, j, d);
                         acc += w * x;
                         if (w > 0.0) {
                             lo = fmin(lo, x);
                             hi = fmax(hi, x);
                         }
                     }
-                    const double o = tu_get(&f.o.t, b, h, i, d);
+                    const double o = tu_get(&f.pb.o.t, b, h, i, d);
                     CHECK_NEAR(o, acc, 1e-5);
                     CHECK(o >= lo - 1e-6 && o <= hi + 1e-6); /* convex hull */
                 }
@@ -113,8 +105,8 @@ static void test_weights_from_lse(void) {
                         continue;
                     double s = 0.0;
                     for (int d = 0; d < D; d++)
-                        s += tu_get(&f.q.t, b, h, i, d) * tu_get(&f.k.t, b, h, j, d);
-                    CHECK_NEAR(w, exp(s * scale - tu_get(&f.lse.t, b, h, i, 0)), 1e-6);
+                        s += tu_get(&f.pb.q.t, b, h, i, d) * tu_get(&f.pb.k.t, b, h, j, d);
+                    CHECK_NEAR(w, exp(s * scale - tu_get(&f.pb.lse.t, b, h, i, 0)), 1e-6);
                 }
     teardown(&f);
 }
@@ -123,10 +115,10 @@ static void test_weights_from_lse(void) {
 static void test_key_permutation(void) {
     fixture f;
     setup(&f, 3);
-    f.p.causal = 0;
-    f.p.use_window = 0;
+    f.pb.p.causal = 0;
+    f.pb.p.use_window = 0;
     run(&f);
-    double *o1 = tu_to_doubles(&f.o.t), *l1 = tu_to_doubles(&f.lse.t);
+    double *o1 = tu_to_doubles(&f.pb.o.t), *l1 = tu_to_doubles(&f.pb.lse.t);
     int perm[LK];
     for (int j = 0; j < LK; j++)
         perm[j] = (j * 8 + 5) % LK; /* 8 and 21 are coprime: a permutation */
@@ -137,16 +129,17 @@ static void test_key_permutation(void) {
         for (int h = 0; h < H; h++)
             for (int j = 0; j < LK; j++)
                 for (int d = 0; d < D; d++) {
-                    tu_set(&k2.t, b, h, perm[j], d, tu_get(&f.k.t, b, h, j, d));
-                    tu_set(&v2.t, b, h, perm[j], d, tu_get(&f.v.t, b, h, j, d));
+                    tu_set(&k2.t, b, h, perm[j], d, tu_get(&f.pb.k.t, b, h, j, d));
+                    tu_set(&v2.t, b, h, perm[j], d, tu_get(&f.pb.v.t, b, h, j, d));
                 }
         for (int i = 0; i < LQ; i++)
             for (int j = 0; j < LK; j++)
                 tu_set(&m2.t, b, 0, i, perm[j], tu_get(&f.mask.t, b, 0, i, j));
     }
-    f.p.mask = &m2.t;
-    CHECK_INT_EQ(sdpa_forward(f.ctx, &f.q.t, &k2.t, &v2.t, &f.p, &f.o.t, &f.lse.t), SDPA_OK);
-    double *o2 = tu_to_doubles(&f.o.t), *l2 = tu_to_doubles(&f.lse.t);
+    f.pb.p.mask = &m2.t;
+    CHECK_INT_EQ(sdpa_forward(f.ctx, &f.pb.q.t, &k2.t, &v2.t, &f.pb.p, &f.pb.o.t, &f.pb.lse.t),
+                 SDPA_OK);
+    double *o2 = tu_to_doubles(&f.pb.o.t), *l2 = tu_to_doubles(&f.pb.lse.t);
     for (int n = 0; n < B * H * LQ * D; n++)
         CHECK_NEAR(o1[n], o2[n], 1e-6);
     for (int n = 0; n < B * H * LQ; n++)
@@ -166,15 +159,17 @@ static void test_key_permutation(void) {
 static void test_row_constant_invariance(void) {
     fixture f;
     setup(&f, 4);
-    f.p.mask = NULL;
+    f.pb.p.mask = NULL;
     run(&f);
-    double *o1 = tu_to_doubles(&f.o.t), *l1 = tu_to_doubles(&f.lse.t), *w1 = tu_to_doubles(&f.w.t);
+    double *o1 = tu_to_doubles(&f.pb.o.t), *l1 = tu_to_doubles(&f.pb.lse.t),
+           *w1 = tu_to_doubles(&f.w.t);
     tu_tensor c = tu_alloc(SDPA_F32, 1, 1, LQ, 1, TU_BHLD, 0, 0);
     for (int i = 0; i < LQ; i++)
         tu_set(&c.t, 0, 0, i, 0, 3.0 * i - 17.5);
-    f.p.mask = &c.t;
+    f.pb.p.mask = &c.t;
     run(&f);
-    double *o2 = tu_to_doubles(&f.o.t), *l2 = tu_to_doubles(&f.lse.t), *w2 = tu_to_doubles(&f.w.t);
+    double *o2 = tu_to_doubles(&f.pb.o.t), *l2 = tu_to_doubles(&f.pb.lse.t),
+           *w2 = tu_to_doubles(&f.w.t);
     for (int n = 0; n < B * H * LQ * D; n++)
         CHECK_NEAR(o1[n], o2[n], 1e-6);
     for (int n = 0; n < B * H * LQ * LK; n++)
@@ -198,38 +193,33 @@ static void test_value_shift_and_repeatability(void) {
     setup(&f, 5);
     run(&f);
     tu_tensor first = tu_alloc(SDPA_F32, B, H, LQ, D, TU_BHLD, 0, 0);
-    memcpy(first.buf, f.o.buf, f.o.bytes);
+    memcpy(first.buf, f.pb.o.buf, f.pb.o.bytes);
     static const int threads[] = {1, 2, 3, 4, 7, 16};
     for (size_t n = 0; n < sizeof threads / sizeof threads[0]; n++) {
         sdpa_ctx *ctx = tu_ctx(threads[n], SDPA_ISA_AUTO);
-        memset(f.o.buf, 0, f.o.bytes);
-        CHECK_INT_EQ(sdpa_forward(ctx, &f.q.t, &f.k.t, &f.v.t, &f.p, &f.o.t, NULL), SDPA_OK);
-        CHECK_MSG(memcmp(first.buf, f.o.buf, f.o.bytes) == 0, "n_threads=%d differs", threads[n]);
+        memset(f.pb.o.buf, 0, f.pb.o.bytes);
+        CHECK_INT_EQ(sdpa_forward(ctx, &f.pb.q.t, &f.pb.k.t, &f.pb.v.t, &f.pb.p, &f.pb.o.t, NULL),
+                     SDPA_OK);
+        CHECK_MSG(memcmp(first.buf, f.pb.o.buf, f.pb.o.bytes) == 0, "n_threads=%d differs",
+                  threads[n]);
         sdpa_ctx_destroy(ctx);
     }
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int j = 0; j < LK; j++)
                 for (int d = 0; d < D; d++)
-                    tu_set(&f.v.t, b, h, j, d, tu_get(&f.v.t, b, h, j, d) + 10.0 * d);
+                    tu_set(&f.pb.v.t, b, h, j, d, tu_get(&f.pb.v.t, b, h, j, d) + 10.0 * d);
     run(&f);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < LQ; i++)
                 for (int d = 0; d < D; d++)
-                    CHECK_NEAR(tu_get(&f.o.t, b, h, i, d), tu_get(&first.t, b, h, i, d) + 10.0 * d,
-                               1e-4);
+                    CHECK_NEAR(tu_get(&f.pb.o.t, b, h, i, d),
+                               tu_get(&first.t, b, h, i, d) + 10.0 * d, 1e-4);
     tu_free(&first);
     teardown(&f);
 }
 
-int main(int argc, char **argv) {
-    static const check_case cases[] = {
-        CASE(test_rows_sum_to_one_and_match_output),
-        CASE(test_weights_from_lse),
-        CASE(test_key_permutation),
-        CASE(test_row_constant_invariance),
-        CASE(test_value_shift_and_repeatability),
-    };
-    return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
-}
+CHECK_MAIN(CASE(test_rows_sum_to_one_and_match_output), CASE(test_weights_from_lse),
+           CASE(test_key_permutation), CASE(test_row_constant_invariance),
+           CASE(test_value_shift_and_repeatability))

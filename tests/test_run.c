@@ -11,7 +11,6 @@
 #include "npy.h"
 #include "testutil.h"
 
-#include <dirent.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,14 +57,7 @@ static int exists(const char *name) {
 
 /* No "*.tmp.*" file may remain in dir. */
 static int no_temp_files(void) {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    int found = 0;
-    while (d && (e = readdir(d)) != NULL)
-        found |= strstr(e->d_name, ".tmp.") != NULL;
-    if (d)
-        closedir(d);
-    return !found;
+    return tu_count_entries(dir, ".tmp.") == 0;
 }
 
 static void save(const char *name, sdpa_dtype dt, int nd, const int64_t *shape, const void *data) {
@@ -131,13 +123,8 @@ static void write_inputs(void) {
     /* f16 and bf16 copies */
     tu_tensor qh = tu_alloc(SDPA_F16, B, HQ, LQ, DK, TU_BHLD, 0, 0);
     tu_tensor qb = tu_alloc(SDPA_BF16, B, HQ, LQ, DK, TU_BHLD, 0, 0);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < HQ; h++)
-            for (int i = 0; i < LQ; i++)
-                for (int d = 0; d < DK; d++) {
-                    tu_set(&qh.t, b, h, i, d, tu_get(&q.t, b, h, i, d));
-                    tu_set(&qb.t, b, h, i, d, tu_get(&q.t, b, h, i, d));
-                }
+    tu_copy(&qh.t, &q.t);
+    tu_copy(&qb.t, &q.t);
     save("q_f16.npy", SDPA_F16, 4, sq, qh.t.data);
     save("q_bf16.npy", SDPA_BF16, 4, sq, qb.t.data);
     tu_free(&qh);
@@ -351,21 +338,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     sdpa_bin = bin;
-    snprintf(dir, sizeof dir, "%s/sdpa-test-run.XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (mkdtemp(dir) == NULL) {
+    if (tu_scratch_dir(dir, sizeof dir, "sdpa-test-run.") != 0) {
         perror("test_run: mkdtemp");
         return 2;
     }
     write_inputs();
-    static const check_case cases[] = {
-        CASE(test_basic_outputs), CASE(test_every_parameter), CASE(test_threads_dtypes_ranks),
-        CASE(test_heatmap),       CASE(test_errors),
-    };
-    const int rc = check_run(cases, sizeof cases / sizeof cases[0], argc - 1, argv + 1);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
+    const int rc =
+        CHECK_RUN(argc - 1, argv + 1, CASE(test_basic_outputs), CASE(test_every_parameter),
+                  CASE(test_threads_dtypes_ranks), CASE(test_heatmap), CASE(test_errors));
+    if (tu_remove_dir(dir) != 0)
         fprintf(stderr, "test_run: could not remove %s\n", dir);
     tu_free(&q);
     tu_free(&k);

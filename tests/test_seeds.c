@@ -145,12 +145,5 @@ static void test_walkthrough_seed42(void) {
     sdpa_ctx_destroy(ctx);
 }
 
-int main(int argc, char **argv) {
-    static const check_case cases[] = {
-        CASE(test_softmax_2_1_01),
-        CASE(test_identity_qk),
-        CASE(test_saturation),
-        CASE(test_walkthrough_seed42),
-    };
-    return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
-}
+CHECK_MAIN(CASE(test_softmax_2_1_01), CASE(test_identity_qk), CASE(test_saturation),
+           CASE(test_walkthrough_seed42))

@@ -413,35 +413,27 @@ static void test_stride_zero_inputs(void) {
     tu_fill_randn(&q, &r, 1, 0);
     tu_fill_randn(&k1, &r, 1, 0);
     tu_fill_randn(&v1, &r, 1, 0);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++)
-                for (int d = 0; d < D; d++) {
-                    tu_set(&kf.t, b, h, l, d, tu_get(&k1.t, 0, 0, l, d));
-                    tu_set(&vf.t, b, h, l, d, tu_get(&v1.t, 0, 0, l, d));
-                }
+    /* k1 and v1 seen as (B, H, L, D) with stride 0 on B and H, and copied out into kf, vf */
     sdpa_tensor kb = k1.t, vb = v1.t;
     kb.shape[0] = vb.shape[0] = B;
     kb.shape[1] = vb.shape[1] = H;
     kb.stride[0] = kb.stride[1] = vb.stride[0] = vb.stride[1] = 0;
+    tu_copy(&kf.t, &kb);
+    tu_copy(&vf.t, &vb);
     sdpa_ctx *ctx = tu_ctx(0, SDPA_ISA_AUTO);
     CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &kb, &vb, NULL, &o1.t, NULL), SDPA_OK);
     CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &kf.t, &vf.t, NULL, &o2.t, NULL), SDPA_OK);
     CHECK(memcmp(o1.buf, o2.buf, o1.bytes) == 0);
-    /* negative strides: K and V read back to front equal the reversed copies */
-    sdpa_tensor kr = kf.t, vr = vf.t;
+    /* negative strides: K and V read back to front equal the reversed copies (krev and vrev
+     * hold the rows of kf and vf last to first, written through the reversed views) */
     tu_tensor krev = tu_alloc(SDPA_F32, B, H, L, D, TU_BHLD, 0, 0);
     tu_tensor vrev = tu_alloc(SDPA_F32, B, H, L, D, TU_BHLD, 0, 0);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int l = 0; l < L; l++)
-                for (int d = 0; d < D; d++) {
-                    tu_set(&krev.t, b, h, L - 1 - l, d, tu_get(&kf.t, b, h, l, d));
-                    tu_set(&vrev.t, b, h, L - 1 - l, d, tu_get(&vf.t, b, h, l, d));
-                }
+    sdpa_tensor kr = krev.t, vr = vrev.t;
     kr.data = (float *)krev.t.data + (L - 1) * D;
     vr.data = (float *)vrev.t.data + (L - 1) * D;
     kr.stride[2] = vr.stride[2] = -D;
+    tu_copy(&kr, &kf.t);
+    tu_copy(&vr, &vf.t);
     CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &kr, &vr, NULL, &o1.t, NULL), SDPA_OK);
     CHECK(memcmp(o1.buf, o2.buf, o1.bytes) == 0);
     sdpa_ctx_destroy(ctx);
@@ -473,45 +465,34 @@ static void test_fully_masked_rows(void) {
     /* an explicit check with a mask whose 4th rows and one row are all -inf */
     enum { L = 8, D = 4 };
     tu_rng r = {11};
-    tu_tensor q = tu_alloc(SDPA_F32, 1, 1, L, D, TU_BHLD, 0, 0);
-    tu_tensor k = tu_alloc(SDPA_F32, 1, 1, L, D, TU_BHLD, 0, 0);
-    tu_tensor v = tu_alloc(SDPA_F32, 1, 1, L, D, TU_BHLD, 0, 0);
-    tu_tensor o = tu_alloc(SDPA_F32, 1, 1, L, D, TU_BHLD, 0, 0);
-    tu_tensor lse = tu_alloc(SDPA_F32, 1, 1, L, 1, TU_BHLD, 0, 0);
+    tu_problem pb = tu_problem_new((tu_dims){1, 1, 1, L, L, D, D}, &r);
     tu_tensor m = tu_alloc(SDPA_F32, 1, 1, L, L, TU_BHLD, 0, 0);
     tu_tensor mb = tu_alloc(SDPA_BOOL, 1, 1, L, L, TU_BHLD, 0, 0);
-    tu_fill_randn(&q, &r, 1, 0);
-    tu_fill_randn(&k, &r, 1, 0);
-    tu_fill_randn(&v, &r, 1, 0);
     for (int i = 0; i < L; i++)
         for (int j = 0; j < L; j++) {
             tu_set(&m.t, 0, 0, i, j, i == 5 ? -INFINITY : 0.0);
             tu_set(&mb.t, 0, 0, i, j, i % 4 != 0);
         }
     sdpa_ctx *ctx = tu_ctx(0, SDPA_ISA_AUTO);
-    sdpa_params p = {0};
-    p.mask = &m.t;
-    CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &lse.t), SDPA_OK);
+    pb.p.mask = &m.t;
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
     for (int i = 0; i < L; i++) {
-        const double li = tu_get(&lse.t, 0, 0, i, 0);
+        const double li = tu_get(&pb.lse.t, 0, 0, i, 0);
         CHECK(i == 5 ? li == -INFINITY : isfinite(li));
         for (int d = 0; d < D; d++)
-            CHECK(i == 5 ? tu_get(&o.t, 0, 0, i, d) == 0.0 : isfinite(tu_get(&o.t, 0, 0, i, d)));
+            CHECK(i == 5 ? tu_get(&pb.o.t, 0, 0, i, d) == 0.0
+                         : isfinite(tu_get(&pb.o.t, 0, 0, i, d)));
     }
-    p.mask = &mb.t;
-    CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &lse.t), SDPA_OK);
+    pb.p.mask = &mb.t;
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
     for (int i = 0; i < L; i++) {
-        CHECK((i % 4 == 0) == (tu_get(&lse.t, 0, 0, i, 0) == -INFINITY));
+        CHECK((i % 4 == 0) == (tu_get(&pb.lse.t, 0, 0, i, 0) == -INFINITY));
         for (int d = 0; d < D; d++)
-            CHECK(i % 4 == 0 ? tu_get(&o.t, 0, 0, i, d) == 0.0
-                             : isfinite(tu_get(&o.t, 0, 0, i, d)));
+            CHECK(i % 4 == 0 ? tu_get(&pb.o.t, 0, 0, i, d) == 0.0
+                             : isfinite(tu_get(&pb.o.t, 0, 0, i, d)));
     }
     sdpa_ctx_destroy(ctx);
-    tu_free(&q);
-    tu_free(&k);
-    tu_free(&v);
-    tu_free(&o);
-    tu_free(&lse);
+    tu_problem_free(&pb);
     tu_free(&m);
     tu_free(&mb);
 }
@@ -520,96 +501,81 @@ static void test_fully_masked_rows(void) {
 static void test_nan_policy(void) {
     enum { L = 6, D = 4 };
     tu_rng r = {5};
-    tu_tensor q = tu_alloc(SDPA_F32, 1, 1, L, D, TU_BHLD, 0, 0);
-    tu_tensor k = tu_alloc(SDPA_F32, 1, 1, L, D, TU_BHLD, 0, 0);
-    tu_tensor v = tu_alloc(SDPA_F32, 1, 1, L, D, TU_BHLD, 0, 0);
-    tu_tensor o = tu_alloc(SDPA_F32, 1, 1, L, D, TU_BHLD, 0, 0);
-    tu_tensor lse = tu_alloc(SDPA_F32, 1, 1, L, 1, TU_BHLD, 0, 0);
+    tu_problem pb = tu_problem_new((tu_dims){1, 1, 1, L, L, D, D}, &r);
     sdpa_ctx *ctx = tu_ctx(0, SDPA_ISA_AUTO);
-    sdpa_params p = {0};
-    p.causal = 1;
+    pb.p.causal = 1;
 
     /* NaN in query row 2: only row 2 is NaN (all columns, and its LSE). */
-    tu_fill_randn(&q, &r, 1, 0);
-    tu_fill_randn(&k, &r, 1, 0);
-    tu_fill_randn(&v, &r, 1, 0);
-    tu_set(&q.t, 0, 0, 2, 1, NAN);
-    CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &lse.t), SDPA_OK);
+    tu_set(&pb.q.t, 0, 0, 2, 1, NAN);
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
     for (int i = 0; i < L; i++) {
-        CHECK((i == 2) == (isnan(tu_get(&lse.t, 0, 0, i, 0)) != 0));
+        CHECK((i == 2) == (isnan(tu_get(&pb.lse.t, 0, 0, i, 0)) != 0));
         for (int d = 0; d < D; d++)
-            CHECK((i == 2) == (isnan(tu_get(&o.t, 0, 0, i, d)) != 0));
+            CHECK((i == 2) == (isnan(tu_get(&pb.o.t, 0, 0, i, d)) != 0));
     }
     /* NaN in key row 3: rows 3..5 see it (causal) and are NaN; rows 0..2 stay finite. */
-    tu_fill_randn(&q, &r, 1, 0);
-    tu_set(&k.t, 0, 0, 3, 0, NAN);
-    CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &lse.t), SDPA_OK);
+    tu_fill_randn(&pb.q, &r, 1, 0);
+    tu_set(&pb.k.t, 0, 0, 3, 0, NAN);
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
     for (int i = 0; i < L; i++)
         for (int d = 0; d < D; d++)
-            CHECK((i >= 3) == (isnan(tu_get(&o.t, 0, 0, i, d)) != 0));
+            CHECK((i >= 3) == (isnan(tu_get(&pb.o.t, 0, 0, i, d)) != 0));
     /* NaN in value row 4, column 1: exactly O[4.., 1] is NaN. */
-    tu_fill_randn(&k, &r, 1, 0);
-    tu_set(&v.t, 0, 0, 4, 1, NAN);
-    CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &lse.t), SDPA_OK);
+    tu_fill_randn(&pb.k, &r, 1, 0);
+    tu_set(&pb.v.t, 0, 0, 4, 1, NAN);
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
     for (int i = 0; i < L; i++) {
-        CHECK(isfinite(tu_get(&lse.t, 0, 0, i, 0)));
+        CHECK(isfinite(tu_get(&pb.lse.t, 0, 0, i, 0)));
         for (int d = 0; d < D; d++)
-            CHECK((i >= 4 && d == 1) == (isnan(tu_get(&o.t, 0, 0, i, d)) != 0));
+            CHECK((i >= 4 && d == 1) == (isnan(tu_get(&pb.o.t, 0, 0, i, d)) != 0));
     }
     /* Inf and NaN in K and V of a key hidden by a bool mask: no effect at all. */
-    tu_fill_randn(&v, &r, 1, 0);
+    tu_fill_randn(&pb.v, &r, 1, 0);
     tu_tensor m = tu_alloc(SDPA_BOOL, 1, 1, 1, L, TU_BHLD, 0, 0);
     for (int j = 0; j < L; j++)
         tu_set(&m.t, 0, 0, 0, j, j != 0);
-    tu_set(&k.t, 0, 0, 0, 2, INFINITY);
-    tu_set(&v.t, 0, 0, 0, 3, NAN);
-    p.causal = 0;
-    p.mask = &m.t;
-    CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &lse.t), SDPA_OK);
+    tu_set(&pb.k.t, 0, 0, 0, 2, INFINITY);
+    tu_set(&pb.v.t, 0, 0, 0, 3, NAN);
+    pb.p.causal = 0;
+    pb.p.mask = &m.t;
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
     for (int i = 0; i < L; i++)
         for (int d = 0; d < D; d++)
-            CHECK(isfinite(tu_get(&o.t, 0, 0, i, d)));
+            CHECK(isfinite(tu_get(&pb.o.t, 0, 0, i, d)));
     /* A +inf or NaN additive bias makes its row NaN; -inf hides. */
-    tu_set(&k.t, 0, 0, 0, 2, 0.5);
-    tu_set(&v.t, 0, 0, 0, 3, 0.5);
+    tu_set(&pb.k.t, 0, 0, 0, 2, 0.5);
+    tu_set(&pb.v.t, 0, 0, 0, 3, 0.5);
     tu_tensor a = tu_alloc(SDPA_F32, 1, 1, L, L, TU_BHLD, 0, 0);
     tu_set(&a.t, 0, 0, 1, 2, INFINITY);
     tu_set(&a.t, 0, 0, 3, 0, NAN);
     tu_set(&a.t, 0, 0, 4, 4, -INFINITY);
-    p.mask = &a.t;
-    CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &lse.t), SDPA_OK);
+    pb.p.mask = &a.t;
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
     for (int i = 0; i < L; i++)
-        CHECK((i == 1 || i == 3) == (isnan(tu_get(&o.t, 0, 0, i, 0)) != 0));
+        CHECK((i == 1 || i == 3) == (isnan(tu_get(&pb.o.t, 0, 0, i, 0)) != 0));
     /* A -inf bias hides its key before the score is formed: a NaN query row whose every key
      * is hidden that way is fully masked (0, LSE -inf), not NaN (found by the API fuzzer). */
     for (int j = 0; j < L; j++)
         for (int i = 0; i < L; i++)
             tu_set(&a.t, 0, 0, i, j, i == 2 ? -INFINITY : 0.0);
-    tu_set(&q.t, 0, 0, 2, 0, NAN);
-    CHECK_INT_EQ(sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, &lse.t), SDPA_OK);
-    CHECK(tu_get(&o.t, 0, 0, 2, 0) == 0.0 && tu_get(&lse.t, 0, 0, 2, 0) == -INFINITY);
-    sdpa_tensor o_ref = o.t;
-    CHECK_INT_EQ(tu_golden_forward(ctx, &q.t, &k.t, &v.t, &p, &o_ref, &lse.t), SDPA_OK);
-    CHECK(tu_get(&o.t, 0, 0, 2, 0) == 0.0 && tu_get(&lse.t, 0, 0, 2, 0) == -INFINITY);
+    tu_set(&pb.q.t, 0, 0, 2, 0, NAN);
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
+    CHECK(tu_get(&pb.o.t, 0, 0, 2, 0) == 0.0 && tu_get(&pb.lse.t, 0, 0, 2, 0) == -INFINITY);
+    sdpa_tensor o_ref = pb.o.t;
+    CHECK_INT_EQ(tu_golden_forward(ctx, &pb.q.t, &pb.k.t, &pb.v.t, &pb.p, &o_ref, &pb.lse.t),
+                 SDPA_OK);
+    CHECK(tu_get(&pb.o.t, 0, 0, 2, 0) == 0.0 && tu_get(&pb.lse.t, 0, 0, 2, 0) == -INFINITY);
     sdpa_ctx_destroy(ctx);
-    tu_free(&q);
-    tu_free(&k);
-    tu_free(&v);
-    tu_free(&o);
-    tu_free(&lse);
+    tu_problem_free(&pb);
     tu_free(&m);
     tu_free(&a);
 }
 
 int main(int argc, char **argv) {
-    static const check_case cases[] = {
-        CASE(test_head_dims),          CASE(test_lengths),
-        CASE(test_heads_and_batch),    CASE(test_masks),
-        CASE(test_causal_and_windows), CASE(test_softcap_scale_alibi),
-        CASE(test_dtypes_and_inputs),  CASE(test_layouts),
-        CASE(test_stride_zero_inputs), CASE(test_fully_masked_rows),
-        CASE(test_nan_policy),
-    };
     tu_report_impls();
-    return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
+    return CHECK_RUN(argc, argv, CASE(test_head_dims), CASE(test_lengths),
+                     CASE(test_heads_and_batch), CASE(test_masks), CASE(test_causal_and_windows),
+                     CASE(test_softcap_scale_alibi), CASE(test_dtypes_and_inputs),
+                     CASE(test_layouts), CASE(test_stride_zero_inputs),
+                     CASE(test_fully_masked_rows), CASE(test_nan_policy));
 }

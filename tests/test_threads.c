@@ -13,40 +13,17 @@
 
 enum { B = 1, HQ = 4, HKV = 2, LQ = 37, LK = 71, D = 24, N_HOSTS = 4 };
 
-typedef struct problem {
-    tu_tensor q, k, v, o, lse;
-    sdpa_params p;
-} problem;
-
-static void make_problem(problem *pb, uint64_t seed) {
+/* The problem of a seed: random inputs, causal for odd seeds. */
+static tu_problem make_problem(uint64_t seed) {
     tu_rng r = {seed};
-    memset(pb, 0, sizeof *pb);
-    pb->q = tu_alloc(SDPA_F32, B, HQ, LQ, D, TU_BHLD, 0, 0);
-    pb->k = tu_alloc(SDPA_F32, B, HKV, LK, D, TU_BHLD, 0, 0);
-    pb->v = tu_alloc(SDPA_F32, B, HKV, LK, D, TU_BHLD, 0, 0);
-    pb->o = tu_alloc(SDPA_F32, B, HQ, LQ, D, TU_BHLD, 0, 0);
-    pb->lse = tu_alloc(SDPA_F32, B, HQ, LQ, 1, TU_BHLD, 0, 0);
-    tu_fill_randn(&pb->q, &r, 1, 0);
-    tu_fill_randn(&pb->k, &r, 1, 0);
-    tu_fill_randn(&pb->v, &r, 1, 0);
-    pb->p.causal = (int)(seed % 2);
-    pb->p.align = SDPA_ALIGN_BOTTOM_RIGHT;
-}
-
-static void free_problem(problem *pb) {
-    tu_free(&pb->q);
-    tu_free(&pb->k);
-    tu_free(&pb->v);
-    tu_free(&pb->o);
-    tu_free(&pb->lse);
-}
-
-static sdpa_status run_problem(sdpa_ctx *ctx, problem *pb) {
-    return sdpa_forward(ctx, &pb->q.t, &pb->k.t, &pb->v.t, &pb->p, &pb->o.t, &pb->lse.t);
+    tu_problem pb = tu_problem_new((tu_dims){B, HQ, HKV, LQ, LK, D, D}, &r);
+    pb.p.causal = (int)(seed % 2);
+    pb.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    return pb;
 }
 
 typedef struct host {
-    problem pb;
+    tu_problem pb;
     const void *want; /* the bytes a lone single-thread context gave */
     int n_threads;
     int failures;
@@ -57,7 +34,8 @@ static void *host_main(void *arg) {
     sdpa_ctx *ctx = tu_ctx(h->n_threads, SDPA_ISA_AUTO);
     for (int rep = 0; rep < 20; rep++) {
         memset(h->pb.o.buf, 0, h->pb.o.bytes);
-        if (run_problem(ctx, &h->pb) != SDPA_OK || memcmp(h->pb.o.buf, h->want, h->pb.o.bytes))
+        if (tu_problem_forward(ctx, &h->pb) != SDPA_OK ||
+            memcmp(h->pb.o.buf, h->want, h->pb.o.bytes))
             h->failures++;
     }
     sdpa_ctx_destroy(ctx);
@@ -70,8 +48,8 @@ static void test_contexts_in_threads(void) {
     void *want[N_HOSTS];
     sdpa_ctx *lone = tu_ctx(1, SDPA_ISA_AUTO);
     for (int n = 0; n < N_HOSTS; n++) {
-        make_problem(&hosts[n].pb, (uint64_t)n + 1);
-        CHECK_INT_EQ(run_problem(lone, &hosts[n].pb), SDPA_OK);
+        hosts[n].pb = make_problem((uint64_t)n + 1);
+        CHECK_INT_EQ(tu_problem_forward(lone, &hosts[n].pb), SDPA_OK);
         want[n] = malloc(hosts[n].pb.o.bytes);
         memcpy(want[n], hosts[n].pb.o.buf, hosts[n].pb.o.bytes);
         hosts[n].want = want[n];
@@ -85,7 +63,7 @@ static void test_contexts_in_threads(void) {
     for (int n = 0; n < N_HOSTS; n++) {
         pthread_join(tid[n], NULL);
         CHECK_MSG(hosts[n].failures == 0, "host %d: %d of 20 calls differ", n, hosts[n].failures);
-        free_problem(&hosts[n].pb);
+        tu_problem_free(&hosts[n].pb);
         free(want[n]);
     }
 }
@@ -94,43 +72,33 @@ static void test_contexts_in_threads(void) {
 static void test_many_tiny_calls(void) {
     enum { CACHE = 300 };
     tu_rng r = {17};
-    tu_tensor q = tu_alloc(SDPA_F32, 1, 8, 1, 32, TU_BHLD, 0, 0);
-    tu_tensor k = tu_alloc(SDPA_F32, 1, 2, CACHE, 32, TU_BHLD, 0, 0);
-    tu_tensor v = tu_alloc(SDPA_F32, 1, 2, CACHE, 32, TU_BHLD, 0, 0);
-    tu_tensor o = tu_alloc(SDPA_F32, 1, 8, 1, 32, TU_BHLD, 0, 0);
-    tu_tensor o1 = tu_alloc(SDPA_F32, 1, 8, 1, 32, TU_BHLD, 0, 0);
-    tu_fill_randn(&q, &r, 1, 0);
-    tu_fill_randn(&k, &r, 1, 0);
-    tu_fill_randn(&v, &r, 1, 0);
+    tu_problem pb = tu_problem_new((tu_dims){1, 8, 2, 1, CACHE, 32, 32}, &r);
+    tu_tensor o1 = tu_alloc(SDPA_F32, 1, 8, 1, 32, TU_BHLD, 0, 0); /* the lone thread's output */
     sdpa_ctx *ctx = tu_ctx(4, SDPA_ISA_AUTO), *one = tu_ctx(1, SDPA_ISA_AUTO);
     int bad = 0;
     for (int step = 1; step <= CACHE; step++)
         for (int rep = 0; rep < 10; rep++) {
-            sdpa_tensor kk = k.t, vv = v.t;
+            sdpa_tensor kk = pb.k.t, vv = pb.v.t;
             kk.shape[2] = vv.shape[2] = step; /* the cache so far */
-            bad += sdpa_forward(ctx, &q.t, &kk, &vv, NULL, &o.t, NULL) != SDPA_OK;
+            bad += sdpa_forward(ctx, &pb.q.t, &kk, &vv, NULL, &pb.o.t, NULL) != SDPA_OK;
             if (rep == 0) {
-                bad += sdpa_forward(one, &q.t, &kk, &vv, NULL, &o1.t, NULL) != SDPA_OK;
-                bad += memcmp(o.buf, o1.buf, o.bytes) != 0;
+                bad += sdpa_forward(one, &pb.q.t, &kk, &vv, NULL, &o1.t, NULL) != SDPA_OK;
+                bad += memcmp(pb.o.buf, o1.buf, pb.o.bytes) != 0;
             }
         }
     CHECK_MSG(bad == 0, "%d of %d decode calls failed or differed", bad, CACHE * 10);
     sdpa_ctx_destroy(ctx);
     sdpa_ctx_destroy(one);
-    tu_free(&q);
-    tu_free(&k);
-    tu_free(&v);
-    tu_free(&o);
+    tu_problem_free(&pb);
     tu_free(&o1);
 }
 
 /* Contexts of 1..64 threads give the same bytes; creating and destroying them in a loop
  * (with and without a call in between) leaks nothing and never hangs. */
 static void test_thread_counts_and_lifetimes(void) {
-    problem pb;
-    make_problem(&pb, 9);
+    tu_problem pb = make_problem(9);
     sdpa_ctx *one = tu_ctx(1, SDPA_ISA_AUTO);
-    CHECK_INT_EQ(run_problem(one, &pb), SDPA_OK);
+    CHECK_INT_EQ(tu_problem_forward(one, &pb), SDPA_OK);
     sdpa_ctx_destroy(one);
     void *want = malloc(pb.o.bytes);
     memcpy(want, pb.o.buf, pb.o.bytes);
@@ -138,25 +106,19 @@ static void test_thread_counts_and_lifetimes(void) {
         sdpa_ctx *ctx = tu_ctx(n, SDPA_ISA_AUTO);
         CHECK_INT_EQ(sdpa_ctx_n_threads(ctx), n);
         memset(pb.o.buf, 0, pb.o.bytes);
-        CHECK_INT_EQ(run_problem(ctx, &pb), SDPA_OK);
+        CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
         CHECK_MSG(memcmp(pb.o.buf, want, pb.o.bytes) == 0, "n_threads=%d differs", n);
         sdpa_ctx_destroy(ctx);
     }
     for (int n = 0; n < 200; n++) {
         sdpa_ctx *ctx = tu_ctx(1 + n % 5, SDPA_ISA_AUTO);
         if (n % 2)
-            CHECK_INT_EQ(run_problem(ctx, &pb), SDPA_OK);
+            CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
         sdpa_ctx_destroy(ctx);
     }
     free(want);
-    free_problem(&pb);
+    tu_problem_free(&pb);
 }
 
-int main(int argc, char **argv) {
-    static const check_case cases[] = {
-        CASE(test_contexts_in_threads),
-        CASE(test_many_tiny_calls),
-        CASE(test_thread_counts_and_lifetimes),
-    };
-    return check_run(cases, sizeof cases / sizeof cases[0], argc, argv);
-}
+CHECK_MAIN(CASE(test_contexts_in_threads), CASE(test_many_tiny_calls),
+           CASE(test_thread_counts_and_lifetimes))

@@ -10,10 +10,12 @@
 #include "../src/dispatch/impl.h"
 #include "../src/ref/ref.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 uint64_t tu_next(tu_rng *r) {
     uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
@@ -102,6 +104,42 @@ int tu_is_canary(const tu_tensor *t) {
         if (p[i] != 0xA5)
             return 0;
     return 1;
+}
+
+void tu_copy(sdpa_tensor *dst, const sdpa_tensor *src) {
+    for (int64_t b = 0; b < src->shape[0]; b++)
+        for (int64_t h = 0; h < src->shape[1]; h++)
+            for (int64_t l = 0; l < src->shape[2]; l++)
+                for (int64_t d = 0; d < src->shape[3]; d++)
+                    tu_set(dst, b, h, l, d, tu_get(src, b, h, l, d));
+}
+
+tu_problem tu_problem_new(tu_dims d, tu_rng *r) {
+    tu_problem pb;
+    memset(&pb, 0, sizeof pb);
+    pb.q = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, d.Dk, TU_BHLD, 0, 0);
+    pb.k = tu_alloc(SDPA_F32, d.B, d.Hkv, d.Lk, d.Dk, TU_BHLD, 0, 0);
+    pb.v = tu_alloc(SDPA_F32, d.B, d.Hkv, d.Lk, d.Dv, TU_BHLD, 0, 0);
+    pb.o = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, d.Dv, TU_BHLD, 0, 0);
+    pb.lse = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, 1, TU_BHLD, 0, 0);
+    if (r != NULL) {
+        tu_fill_randn(&pb.q, r, 1.0, 0.0);
+        tu_fill_randn(&pb.k, r, 1.0, 0.0);
+        tu_fill_randn(&pb.v, r, 1.0, 0.0);
+    }
+    return pb;
+}
+
+void tu_problem_free(tu_problem *pb) {
+    tu_free(&pb->q);
+    tu_free(&pb->k);
+    tu_free(&pb->v);
+    tu_free(&pb->o);
+    tu_free(&pb->lse);
+}
+
+sdpa_status tu_problem_forward(sdpa_ctx *ctx, tu_problem *pb) {
+    return sdpa_forward(ctx, &pb->q.t, &pb->k.t, &pb->v.t, &pb->p, &pb->o.t, &pb->lse.t);
 }
 
 double *tu_to_doubles(const sdpa_tensor *t) {
@@ -327,4 +365,37 @@ void tu_report_impls(void) {
         else
             printf("    %-14s skipped: the CPU lacks %s\n", impls[i].name, impls[i].missing);
     }
+}
+
+int tu_scratch_dir(char *dir, size_t cap, const char *prefix) {
+    const char *base = getenv("TMPDIR");
+    snprintf(dir, cap, "%s/%sXXXXXX", base != NULL ? base : "/tmp", prefix);
+    return mkdtemp(dir) != NULL ? 0 : -1;
+}
+
+int tu_count_entries(const char *dir, const char *part) {
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+             (part == NULL || strstr(e->d_name, part) != NULL);
+    closedir(d);
+    return n;
+}
+
+int tu_remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d != NULL) {
+        for (struct dirent *e; (e = readdir(d)) != NULL;) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char path[1024];
+            snprintf(path, sizeof path, "%.700s/%.256s", dir, e->d_name);
+            remove(path);
+        }
+        closedir(d);
+    }
+    return rmdir(dir);
 }

@@ -46,6 +46,32 @@ void tu_fill_randn(tu_tensor *t, tu_rng *r, double scale, double shift);
 void tu_fill_canary(tu_tensor *t);
 int tu_is_canary(const tu_tensor *t);
 
+/* Copies every element of src into dst, which has src's shape (any strides and dtypes: a
+ * broadcast view is materialised, a reversed view reversed, values rounded to dst's dtype). */
+void tu_copy(sdpa_tensor *dst, const sdpa_tensor *src);
+
+/* ---- one problem's tensors -------------------------------------------------------------- */
+
+/* The extents of a problem: q (B, Hq, Lq, Dk), k (B, Hkv, Lk, Dk), v (B, Hkv, Lk, Dv). */
+typedef struct tu_dims {
+    int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
+} tu_dims;
+
+/* The arguments of one sdpa_forward call, owned: q, k, v as tu_dims says, out o
+ * (B, Hq, Lq, Dv) and lse (B, Hq, Lq, 1), all F32 and contiguous (B, H, L, D), and params p
+ * (zero: the defaults). */
+typedef struct tu_problem {
+    tu_tensor q, k, v, o, lse;
+    sdpa_params p;
+} tu_problem;
+
+/* Allocates a problem; with r, fills q, k and v (in that order) with standard normal values,
+ * else leaves every tensor zero. */
+tu_problem tu_problem_new(tu_dims d, tu_rng *r);
+void tu_problem_free(tu_problem *pb);
+/* sdpa_forward(ctx, q, k, v, &p, o, lse) on the problem's tensors. */
+sdpa_status tu_problem_forward(sdpa_ctx *ctx, tu_problem *pb);
+
 /* ---- computing attention three ways ----------------------------------------------------- */
 
 /* The independent naive implementation: S = softcap(scale Q K^T) + alibi + mask materialised
@@ -104,5 +130,18 @@ int tu_impls(tu_impl out[TU_MAX_IMPLS]);
 
 /* Prints one line per implementation: "runs", or "skipped: the CPU lacks ...". */
 void tu_report_impls(void);
+
+/* ---- scratch directories (the tests of the command's files) -------------------------------- */
+
+/* Makes a new directory $TMPDIR/PREFIXxxxxxx (/tmp when TMPDIR is unset) and writes its path
+ * to dir. @return 0, or -1 with errno from mkdtemp. */
+int tu_scratch_dir(char *dir, size_t cap, const char *prefix);
+
+/* The entries of dir other than . and .., only those whose name contains `part` unless it is
+ * NULL. @return their number, or -1 if dir cannot be read. */
+int tu_count_entries(const char *dir, const char *part);
+
+/* Removes every entry of dir (files and empty directories), then dir. @return 0, or -1. */
+int tu_remove_dir(const char *dir);
 
 #endif /* SDPA_TESTUTIL_H */

@@ -7,41 +7,13 @@
  * the element size, data offset = the end of the header inside the input); and allowing bf16
  * only ever adds bf16 arrays, never changes another verdict.
  */
-#ifndef _POSIX_C_SOURCE
-#define _POSIX_C_SOURCE 200809L
-#endif
-
-#include "npy.h"
-
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static const char name[] = "fuzz.npy";
-
-/* abort() rather than assert(): the check must hold in release builds of the replay test. */
-static void require(int cond) {
-    if (!cond)
-        abort();
-}
+#include "fuzz_npy.h"
 
 static void check_header(const npy_header *h, const uint8_t *data, size_t size) {
     require(h->minor == 0 && h->major >= 1 && h->major <= 3);
     require(h->dtype == SDPA_F32 || h->dtype == SDPA_F16 || h->dtype == SDPA_BF16 ||
             h->dtype == SDPA_BOOL);
-    require(h->ndim >= 0 && h->ndim <= NPY_MAX_DIMS);
-    /* The parser guarantees that the product of the non-zero extents times the element
-     * size fits in int64_t, so this product cannot overflow. */
-    int64_t count = 1;
-    for (int i = 0; i < h->ndim; i++) {
-        require(h->shape[i] >= 0);
-        count *= h->shape[i];
-    }
-    require(h->count == count);
-    const size_t esize = h->dtype == SDPA_F32 ? 4 : h->dtype == SDPA_BOOL ? 1 : 2;
-    require(h->data_bytes == (size_t)count * esize);
+    require_array(h->dtype, h->ndim, h->shape, h->count, h->data_bytes);
     const size_t prefix = h->major == 1 ? 10 : 12;
     size_t hlen = (size_t)data[8] | (size_t)data[9] << 8;
     if (h->major != 1)
@@ -56,14 +28,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int rc[2];
     for (int allow = 0; allow < 2; allow++) {
         err[allow][0] = 'x';
-        rc[allow] =
-            npy_parse_header(data, size, allow, name, &h[allow], err[allow], sizeof err[allow]);
+        rc[allow] = npy_parse_header(data, size, allow, fuzz_npy_name, &h[allow], err[allow],
+                                     sizeof err[allow]);
         require(rc[allow] == 0 || rc[allow] == -1);
         if (rc[allow] == 0)
             check_header(&h[allow], data, size);
         else
-            require(strncmp(err[allow], name, sizeof name - 1) == 0 &&
-                    err[allow][sizeof name - 1] == ':');
+            require_names_file(err[allow]);
     }
     if (rc[0] == 0)
         require(rc[1] == 0 && h[1].dtype == h[0].dtype && h[1].ndim == h[0].ndim &&

@@ -15,22 +15,10 @@
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #endif
 
-#include "npy.h"
+#include "fuzz_npy.h"
 
-#include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static const char name[] = "fuzz.npy";
-
-static void require(int cond) {
-    if (!cond)
-        abort();
-}
 
 static char scratch_dir[256], scratch_file[300];
 
@@ -81,21 +69,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     npy_array a;
     char err[512];
-    if (npy_load_buffer(file, n, allow_bf16, name, &a, err, sizeof err) != 0) {
+    if (npy_load_buffer(file, n, allow_bf16, fuzz_npy_name, &a, err, sizeof err) != 0) {
         require(a.data == NULL);
-        require(strncmp(err, name, sizeof name - 1) == 0 && err[sizeof name - 1] == ':');
+        require_names_file(err);
         free(file);
         return 0;
     }
-    int64_t count = 1;
-    for (int i = 0; i < a.ndim; i++)
-        count *= a.shape[i];
-    const size_t esize = a.dtype == SDPA_F32 ? 4 : a.dtype == SDPA_BOOL ? 1 : 2;
-    require(a.ndim >= 0 && a.ndim <= NPY_MAX_DIMS && a.count == count);
-    require(a.nbytes == (size_t)count * esize && a.nbytes <= n && a.data != NULL);
+    require_array(a.dtype, a.ndim, a.shape, a.count, a.nbytes);
+    require(a.nbytes <= n && a.data != NULL);
     require(memcmp(a.data, file + (n - a.nbytes), a.nbytes) == 0);
     npy_header h;
-    require(npy_parse_header(file, n, allow_bf16, name, &h, err, sizeof err) == 0);
+    require(npy_parse_header(file, n, allow_bf16, fuzz_npy_name, &h, err, sizeof err) == 0);
     require(h.data_offset + h.data_bytes == n && h.dtype == a.dtype);
     if (accepted < 64 || accepted % 1000 == 0)
         check_save_reload(&a, allow_bf16);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_memcheck.sh BUILD_DIR [TEST...] — the unit tests under valgrind's memcheck: no invalid
-# read or write, no use of uninitialised memory, no leak (definite or indirect). Exits non-zero
-# on the first test that valgrind or the test itself fails.
+# read or write, no use of uninitialised memory, no leak (definite or indirect). Runs every
+# test, then exits non-zero if valgrind or the test itself failed any of them.
 #
 # valgrind 3.19 does not decode AVX-512, so the library is capped at AVX2 (SDPA_MAX_ISA) for
 # these runs; the AVX-512 kernels are covered by the ASan and TSan builds.
@@ -15,7 +15,8 @@ build=$1
 shift
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(test_seeds test_properties test_validate test_half test_threads test_pool test_golden
+    tests=(test_seeds test_properties test_validate_ctx test_validate_tensors test_validate_memory
+           test_validate_params test_validate_legal test_half test_threads test_pool test_golden
            test_semantics)
 fi
 command -v valgrind >/dev/null 2>&1 || { echo "memcheck: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
