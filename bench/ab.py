@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""ab.py -- two builds of sdpa, interleaved on one machine: did a change move the speed?
+
+    python3 bench/ab.py OLD/cli/sdpa NEW/cli/sdpa --rounds 5 --threads 2 --preset full
+    python3 bench/ab.py A B --shape 1,16,1024,1024,64 --shape 1,16,1024,1024,64,causal
+
+Each round runs `sdpa bench --json` once with each binary (A then B in odd rounds, B then A in
+even ones, so that a slow minute of a shared machine does not always fall on the same side).
+A run whose FMA peaks at its start and end differ by more than --peak-spread (default 10 %)
+is dropped, with its round partner: on some of our virtual machines the two cores' FMA units
+halve for minutes at a time, and such a run measures the machine, not the code.
+
+For each shape it prints the medians over the kept rounds of each binary's GFLOP/s and
+%peak (GFLOP/s over the FMA peak measured in the same run), the ratios B/A of those medians,
+and the spread of A against itself (the largest minus the smallest GFLOP/s over the kept
+rounds, relative to A's median): the run-to-run noise to compare the ratios with. The runs
+are interleaved, so slow drift of the machine cancels in the GFLOP/s ratio; the %peak ratio
+also carries the noise of the peak probe. Environment variables (SDPA_MAX_ISA) pass through
+to both binaries.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def run_bench(binary, args, out_json):
+    cmd = [binary, "bench", "--json", out_json] + args
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        sys.exit(f"ab.py: {' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()}")
+    with open(out_json) as f:
+        return json.load(f)
+
+
+def peaks_agree(j, spread):
+    start, end = j["peak"]["start"]["fma_gflops"], j["peak"]["end"]["fma_gflops"]
+    return abs(start - end) <= spread * max(start, end)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("a", help="the first sdpa binary (the baseline)")
+    ap.add_argument("b", help="the second sdpa binary")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--preset", default="full", choices=["quick", "full"])
+    ap.add_argument("--shape", action="append", default=[], help="as sdpa bench --shape")
+    ap.add_argument("--peak-spread", type=float, default=0.10)
+    ap.add_argument("--json", help="write every kept run here")
+    o = ap.parse_args()
+    if o.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    for binary in (o.a, o.b):
+        if not os.access(binary, os.X_OK):
+            ap.error(f"{binary} is not an executable")
+
+    args = ["--threads", str(o.threads)]
+    args += [x for s in o.shape for x in ("--shape", s)] if o.shape else ["--preset", o.preset]
+    kept = {"a": [], "b": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(o.rounds):
+            order = [("a", o.a), ("b", o.b)] if r % 2 == 0 else [("b", o.b), ("a", o.a)]
+            runs = {}
+            for side, binary in order:
+                runs[side] = run_bench(binary, args, os.path.join(tmp, f"{side}.json"))
+            ok = all(peaks_agree(j, o.peak_spread) for j in runs.values())
+            peaks = ", ".join(
+                f"{s}: {runs[s]['peak']['start']['fma_gflops']:.0f}/"
+                f"{runs[s]['peak']['end']['fma_gflops']:.0f}" for s in ("a", "b"))
+            print(f"round {r + 1}/{o.rounds}: peaks (GFLOP/s, start/end) {peaks}"
+                  f"{'' if ok else '  -- peaks disagree, round dropped'}", file=sys.stderr)
+            if ok:
+                for side in ("a", "b"):
+                    kept[side].append(runs[side])
+    if not kept["a"]:
+        sys.exit("ab.py: every round was dropped (the machine's peak moved within each run); "
+                 "run again later")
+
+    first = kept["a"][0]
+    print(f"{len(kept['a'])} of {o.rounds} rounds kept; {first['cpu_model']}, "
+          f"{first['threads']} threads; A: {o.a} ({first.get('kernel', first['isa'])}); "
+          f"B: {o.b} ({kept['b'][0].get('kernel', kept['b'][0]['isa'])})")
+    print(f"{'shape':<28} {'A GFLOP/s':>9} {'B GFLOP/s':>9} {'B/A':>6} {'A %peak':>8} "
+          f"{'B %peak':>8} {'B/A':>6} {'A spread':>9}")
+    for n, shape in enumerate(first["shapes"]):
+        col = {side: [j["shapes"][n] for j in kept[side]] for side in ("a", "b")}
+        ga, gb = (statistics.median(x["gflops"] for x in col[s]) for s in ("a", "b"))
+        pa, pb = (statistics.median(x["pct_peak"] for x in col[s]) for s in ("a", "b"))
+        spread = [x["gflops"] for x in col["a"]]
+        print(f"{shape['spec']:<28} {ga:9.1f} {gb:9.1f} {gb / ga:6.3f} {pa:8.1f} {pb:8.1f} "
+              f"{pb / pa:6.3f} {(max(spread) - min(spread)) / ga * 100:8.1f}%")
+    if o.json:
+        with open(o.json, "w") as f:
+            json.dump({"a": kept["a"], "b": kept["b"]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
