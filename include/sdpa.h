@@ -19,7 +19,10 @@
  * Thread safety
  *   Functions that take no context are thread safe. A context may be used by one thread at a
  *   time; several contexts may be used from several threads at once. Nothing in the library
- *   is global and mutable.
+ *   is global and mutable. A call that finds its context inside another thread's call does
+ *   nothing and returns SDPA_ERR_BUSY at once (it neither waits nor hangs, and it leaves
+ *   sdpa_ctx_last_error alone: the message belongs to the other call). Destroying a context
+ *   while a call runs on it is undefined.
  */
 #ifndef SDPA_H
 #define SDPA_H
@@ -81,7 +84,8 @@ SDPA_API int sdpa_version_number(void);
     X(SDPA_ERR_NOMEM, -10, "out of memory")                                                        \
     X(SDPA_ERR_THREADS, -11, "invalid thread count or thread creation failed")                     \
     X(SDPA_ERR_UNSUPPORTED, -12, "valid request that this build does not support")                 \
-    X(SDPA_ERR_INTERNAL, -13, "internal error (a bug: please report it)")
+    X(SDPA_ERR_INTERNAL, -13, "internal error (a bug: please report it)")                          \
+    X(SDPA_ERR_BUSY, -14, "the context is in use by a call from another thread")
 
 #define SDPA__STATUS_ENUM(name, value, text) name = value,
 typedef enum sdpa_status { SDPA_STATUS_LIST(SDPA__STATUS_ENUM) } sdpa_status;
@@ -327,7 +331,8 @@ typedef struct sdpa_params {
  *   SDPA_ERR_NULL (a NULL ctx, tensor or data pointer), SDPA_ERR_DTYPE, SDPA_ERR_DIM,
  *   SDPA_ERR_SHAPE, SDPA_ERR_HEADS, SDPA_ERR_BROADCAST, SDPA_ERR_OVERFLOW, SDPA_ERR_PARAM
  *   (scale, softcap, window, align, ALiBi slope, a misaligned pointer), SDPA_ERR_ALIAS,
- *   SDPA_ERR_NOMEM.
+ *   SDPA_ERR_NOMEM; or SDPA_ERR_BUSY, with no message, when another thread's call is using
+ *   ctx (see Thread safety).
  */
 SDPA_API sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                   const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,

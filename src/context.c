@@ -150,6 +150,7 @@ sdpa_status sdpa_ctx_create(const sdpa_ctx_params *params, sdpa_ctx **out) {
     if (ctx == NULL)
         return SDPA_ERR_NOMEM;
     memset(ctx, 0, sizeof *ctx);
+    atomic_init(&ctx->busy, 0);
     ctx->allocator = allocator;
     ctx->n_threads = params->n_threads == 0 ? online_cores() : params->n_threads;
     const sdpa_status st = sdpa__pool_create(ctx->n_threads, &ctx->allocator, &ctx->pool);

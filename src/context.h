@@ -8,6 +8,7 @@
 #include "dispatch/impl.h"
 #include "sdpa.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #define SDPA__ERR_LEN 512
@@ -22,6 +23,9 @@ struct sdpa_ctx {
     sdpa_isa cap;            /* the lower of max_isa and SDPA_MAX_ISA; SDPA_ISA_AUTO = none */
     const sdpa__impl *impl[SDPA__N_OPS]; /* what each operation runs for ordinary problems */
     sdpa_allocator allocator;
+    /* 1 while a call (sdpa_forward, sdpa_weights) runs on the context: a second thread's call
+     * is refused with SDPA_ERR_BUSY instead of entering the pool beside it */
+    atomic_int busy;
     char err[SDPA__ERR_LEN];
     char describe[SDPA__DESCRIBE_LEN];
 };

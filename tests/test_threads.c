@@ -1,7 +1,8 @@
 /*
  * test_threads.c — contexts and threads as a host program uses them: several contexts used
  * from several threads at once (each must give the bytes a lone context gives), many tiny
- * calls on one context (decode-sized work), create/destroy loops, and n_threads from 1 to 64.
+ * calls on one context (decode-sized work), create/destroy loops, n_threads from 1 to 64, and
+ * a context used by two threads at once (the second call is refused with SDPA_ERR_BUSY).
  * Also run under ThreadSanitizer (tests/tsan/run_tsan.sh).
  */
 #include "check.h"
@@ -120,5 +121,111 @@ static void test_thread_counts_and_lifetimes(void) {
     tu_problem_free(&pb);
 }
 
+/* The allocator of test_busy_context: once armed, the next allocation (the forward's scratch,
+ * made inside the call) says so and waits until the main thread opens the gate, so the call
+ * holds its context for as long as the test needs. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int armed, inside, open;
+} gate;
+
+static void *gate_alloc(size_t size, size_t align, void *user) {
+    gate *g = user;
+    pthread_mutex_lock(&g->mu);
+    if (g->armed) {
+        g->armed = 0;
+        g->inside = 1;
+        pthread_cond_broadcast(&g->cv);
+        while (!g->open)
+            pthread_cond_wait(&g->cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+    void *ptr = NULL;
+    return posix_memalign(&ptr, align < sizeof(void *) ? sizeof(void *) : align, size) == 0 ? ptr
+                                                                                            : NULL;
+}
+
+static void gate_free(void *ptr, void *user) {
+    (void)user;
+    free(ptr);
+}
+
+typedef struct caller {
+    sdpa_ctx *ctx;
+    tu_problem *pb;
+    sdpa_status st;
+} caller;
+
+static void *caller_main(void *arg) {
+    caller *c = arg;
+    c->st = tu_problem_forward(c->ctx, c->pb);
+    return NULL;
+}
+
+/* One context, two threads: while one thread's sdpa_forward runs, the other's sdpa_forward
+ * and sdpa_weights return SDPA_ERR_BUSY at once, write nothing and leave the last error
+ * alone; the running call finishes with the bytes it gives alone, and the context serves the
+ * next call. (Before the check, the second call ran the pool beside the first: the two hung
+ * for ever once both were inside it.) */
+static void test_busy_context(void) {
+    gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
+    sdpa_ctx_params cp = {0};
+    cp.n_threads = 2;
+    cp.allocator.alloc = gate_alloc;
+    cp.allocator.free = gate_free;
+    cp.allocator.user = &g;
+    sdpa_ctx *ctx = NULL;
+    CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
+    if (ctx == NULL)
+        return;
+    tu_problem pb = make_problem(3), other = make_problem(4);
+    tu_tensor w = tu_alloc(SDPA_F32, B, HQ, LQ, LK, TU_BHLD, 0, 0);
+    CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
+    void *want = malloc(pb.o.bytes);
+    memcpy(want, pb.o.buf, pb.o.bytes);
+    memset(pb.o.buf, 0, pb.o.bytes);
+    /* a failed call leaves a message that the refused calls must not replace */
+    CHECK_INT_EQ(sdpa_forward(ctx, NULL, &pb.k.t, &pb.v.t, NULL, &pb.o.t, NULL), SDPA_ERR_NULL);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", sdpa_ctx_last_error(ctx));
+
+    pthread_mutex_lock(&g.mu);
+    g.armed = 1;
+    pthread_mutex_unlock(&g.mu);
+    caller c = {ctx, &pb, SDPA_ERR_INTERNAL};
+    pthread_t tid;
+    CHECK(pthread_create(&tid, NULL, caller_main, &c) == 0);
+    pthread_mutex_lock(&g.mu);
+    while (!g.inside)
+        pthread_cond_wait(&g.cv, &g.mu);
+    pthread_mutex_unlock(&g.mu);
+
+    tu_fill_canary(&other.o);
+    tu_fill_canary(&w);
+    CHECK_INT_EQ(tu_problem_forward(ctx, &other), SDPA_ERR_BUSY);
+    CHECK_INT_EQ(sdpa_weights(ctx, &other.q.t, &other.k.t, &other.p, &w.t), SDPA_ERR_BUSY);
+    CHECK(tu_is_canary(&other.o));
+    CHECK(tu_is_canary(&w));
+
+    pthread_mutex_lock(&g.mu);
+    g.open = 1;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    pthread_join(tid, NULL);
+    CHECK_INT_EQ(c.st, SDPA_OK);
+    CHECK(memcmp(pb.o.buf, want, pb.o.bytes) == 0);
+    CHECK_STR_CONTAINS(sdpa_ctx_last_error(ctx), msg);
+    CHECK(msg[0] != '\0');
+    CHECK_INT_EQ(tu_problem_forward(ctx, &other), SDPA_OK);
+    CHECK_INT_EQ(sdpa_weights(ctx, &other.q.t, &other.k.t, &other.p, &w.t), SDPA_OK);
+
+    sdpa_ctx_destroy(ctx);
+    free(want);
+    tu_free(&w);
+    tu_problem_free(&pb);
+    tu_problem_free(&other);
+}
+
 CHECK_MAIN(CASE(test_contexts_in_threads), CASE(test_many_tiny_calls),
-           CASE(test_thread_counts_and_lifetimes))
+           CASE(test_thread_counts_and_lifetimes), CASE(test_busy_context))
