@@ -4,14 +4,23 @@
  * ukernels.h for what each computes.
  *
  * Register blocking: `mr` broadcast scalars times `nv` vectors of 8 floats, at most 12
- * accumulators of the 16 ymm registers; the block functions are always inlined with constant
- * mr and nv so the accumulators stay in registers.
+ * accumulators of the 16 ymm registers, and nothing else held through the inner loop (a
+ * 17th live vector made the compiler spill one of Q to the stack and cost a third of qk's
+ * speed); the block functions are always inlined with constant mr and nv so the accumulators
+ * stay in registers, and the remainders run as one block of the remaining size (a key at a
+ * time would leave the FMA units waiting on latency).
  *
- * exp: x is clamped to [-87, 88] (so 2^n stays a normal float built from its exponent bits),
- * split as x = n ln2 + r with |r| <= ln2/2 (Cody-Waite), e^r by its degree-7 Taylor
- * polynomial, times 2^n. Values below e^-87 (about 1.6e-38) are returned as e^-87: an absolute
- * error far below anything a softmax can see. NaN propagates. Relative error within 2 ulp
- * on [-87, 0] (tests/test_flash.c checks it).
+ * exp (the softmax's, the most frequent operation after the products): x is clamped to
+ * [-87, 88], k = round(8x / ln2) is read off the low mantissa bits of one FMA with 1.5 * 2^23,
+ * r = x - k ln2/8 (Cody-Waite, ln2/8 in two parts, so |r| <= ln2/16) and
+ * e^x = 2^(k div 8) * 2^((k mod 8)/8) * e^r, with e^r - 1 by a degree-4 Taylor polynomial
+ * (truncation < 2e-9 relative), 2^((k mod 8)/8) from an 8-entry table in a register (vpermps)
+ * and 2^(k div 8) added to the exponent field as an integer. That is 8 FMA-unit operations
+ * per vector instead of the 12 of a degree-7 polynomial over |r| <= ln2/2 scaled by a built
+ * 2^k: the FMA units are the products' bottleneck. Values below e^-87 (about 1.6e-38) are
+ * returned as e^-87, an absolute error far below anything a softmax can see; every result is
+ * a normal float. NaN propagates, whatever its payload. Relative error within 2 ulp on
+ * [-87, 0] (tests/test_flash.c checks it; measured 0.88).
  */
 #include "../ukernels.h"
 
@@ -20,24 +29,45 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE __m256 exp256(__m256 x) {
-    /* min/max return their second operand when either is NaN: x stays NaN */
-    x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+/* e^x for n vectors at once, step by step across them, so that the polynomial's dependent
+ * FMAs of one vector are separated by those of the others (one vector alone is a chain of
+ * latencies that the out-of-order window cannot cover). See the file's head for the method. */
+INLINE void exp256_n(int n, __m256 *x) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23 */
+    __m256i t[4];
+    __m256 r[4], q[4];
+    for (int i = 0; i < n; i++) {
+        /* min/max return their second operand when either is NaN: x stays NaN (see below) */
+        x[i] = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x[i]));
+        /* k = round(8 x / ln2) sits in the low mantissa bits of x 8/ln2 + 1.5 * 2^23 */
+        const __m256 kf = _mm256_fmadd_ps(x[i], _mm256_set1_ps(11.5415603271117073f), magic);
+        t[i] = _mm256_castps_si256(kf);
+        const __m256 k = _mm256_sub_ps(kf, magic);
+        r[i] = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.086669921875f), x[i]); /* ln2/8, 12 bits */
+        r[i] = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.65243080e-5f), r[i]); /* ... the rest */
+    }
+    for (int i = 0; i < n; i++)
+        q[i] = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 24.0f), r[i], _mm256_set1_ps(1.0f / 6.0f));
+    for (int i = 0; i < n; i++)
+        q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(0.5f));
+    for (int i = 0; i < n; i++)
+        q[i] = _mm256_fmadd_ps(q[i], r[i], _mm256_set1_ps(1.0f));
+    for (int i = 0; i < n; i++)
+        q[i] = _mm256_mul_ps(q[i], r[i]); /* e^r - 1 */
+    const __m256 two_k8 =
+        _mm256_setr_ps(1.0f, 1.09050773266525766f, 1.18920711500272107f, 1.29683955465100967f,
+                       1.41421356237309505f, 1.54221082540794082f, 1.68179283050742909f,
+                       1.83400808640934246f); /* 2^(i/8) */
+    for (int i = 0; i < n; i++) {
+        /* 2^(k mod 8 / 8) by the low 3 bits of k, 2^(k div 8) added to the exponent field */
+        const __m256 f = _mm256_permutevar8x32_ps(two_k8, t[i]);
+        const __m256 y = _mm256_fmadd_ps(f, q[i], f);
+        const __m256i e =
+            _mm256_and_si256(_mm256_slli_epi32(t[i], 20), _mm256_set1_epi32((int)0xff800000u));
+        /* a NaN's payload bits would have reached e: it is made NaN again here */
+        const __m256 nan = _mm256_cmp_ps(x[i], x[i], _CMP_UNORD_Q);
+        x[i] = _mm256_or_ps(nan, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), e)));
+    }
 }
 
 INLINE void qk_block(int mr, int nv, int64_t dk, const float *k, int64_t ldk, const float *qt,
@@ -56,10 +86,38 @@ INLINE void qk_block(int mr, int nv, int64_t dk, const float *k, int64_t ldk, co
                 acc[a][v] = _mm256_fmadd_ps(kb, q[v], acc[a][v]);
         }
     }
-    const __m256 sc = _mm256_set1_ps(scale);
+    /* The scale is fetched after the loop: held in a register through it, it would push a
+     * vector of Q out of the 16 (the compiler hoists a broadcast made here otherwise). */
+    float scale_mem = scale;
+    __asm__ volatile("" : "+m"(scale_mem));
+    const __m256 sc = _mm256_broadcast_ss(&scale_mem);
     for (int a = 0; a < mr; a++)
         for (int v = 0; v < nv; v++)
             _mm256_storeu_ps(s + a * lds + 8 * v, _mm256_mul_ps(sc, acc[a][v]));
+}
+
+/* n < 6 keys in one block: a key at a time would leave the FMA units waiting on latency. */
+INLINE void qk_tail(int64_t n, int nv, int64_t dk, const float *k, int64_t ldk, const float *qt,
+                    int64_t ldq, float scale, float *s, int64_t lds) {
+    switch (n) {
+    case 1:
+        qk_block(1, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 2:
+        qk_block(2, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 3:
+        qk_block(3, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 4:
+        qk_block(4, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    case 5:
+        qk_block(5, nv, dk, k, ldk, qt, ldq, scale, s, lds);
+        break;
+    default:
+        break;
+    }
 }
 
 INLINE void qk_rows(int nv, int64_t nk, int64_t dk, const float *k, int64_t ldk, const float *qt,
@@ -67,8 +125,7 @@ INLINE void qk_rows(int nv, int64_t nk, int64_t dk, const float *k, int64_t ldk,
     int64_t j = 0;
     for (; j + 6 <= nk; j += 6)
         qk_block(6, nv, dk, k + j * ldk, ldk, qt, ldq, scale, s + j * lds, lds);
-    for (; j < nk; j++)
-        qk_block(1, nv, dk, k + j * ldk, ldk, qt, ldq, scale, s + j * lds, lds);
+    qk_tail(nk - j, nv, dk, k + j * ldk, ldk, qt, ldq, scale, s + j * lds, lds);
 }
 
 static void qk_avx2(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
@@ -80,49 +137,84 @@ static void qk_avx2(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t 
         qk_rows(1, nk, dk, k, ldk, qt + r, ldq, scale, s + r, lds);
 }
 
+/* The second pass of the softmax over n keys of one vector of rows: weights, hidden marks
+ * and their sum. */
+INLINE void softmax_keys(int n, float *s, int64_t lds, __m256 u, __m256 *hidden, __m256 *sum) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), neg_zero = _mm256_set1_ps(-0.0f);
+    __m256 x[4], inf[4];
+    for (int i = 0; i < n; i++) {
+        x[i] = _mm256_loadu_ps(s + i * lds);
+        inf[i] = _mm256_cmp_ps(x[i], neg_inf, _CMP_EQ_OQ);
+        *hidden = _mm256_or_ps(*hidden, inf[i]);
+        x[i] = _mm256_sub_ps(x[i], u);
+    }
+    exp256_n(n, x);
+    for (int i = 0; i < n; i++) {
+        const __m256 p = _mm256_blendv_ps(x[i], neg_zero, inf[i]);
+        _mm256_storeu_ps(s + i * lds, p);
+        sum[i % 2] = _mm256_add_ps(sum[i % 2], p);
+    }
+}
+
 static int softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
                         float *alpha) {
-    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), neg_zero = _mm256_set1_ps(-0.0f);
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     __m256 hidden = _mm256_setzero_ps();
     for (int64_t r = 0; r < nr; r += 8) {
         const __m256 m_old = _mm256_loadu_ps(m + r);
         __m256 mx = m_old;
         for (int64_t j = 0; j < nk; j++)
             mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j * lds + r));
+        /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
         const __m256 u =
             _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
-        const __m256 a = exp256(_mm256_sub_ps(m_old, u));
-        __m256 sum = _mm256_setzero_ps();
-        for (int64_t j = 0; j < nk; j++) {
-            const __m256 x = _mm256_loadu_ps(s + j * lds + r);
-            const __m256 inf = _mm256_cmp_ps(x, neg_inf, _CMP_EQ_OQ);
-            hidden = _mm256_or_ps(hidden, inf);
-            const __m256 p = _mm256_blendv_ps(exp256(_mm256_sub_ps(x, u)), neg_zero, inf);
-            _mm256_storeu_ps(s + j * lds + r, p);
-            sum = _mm256_add_ps(sum, p);
-        }
+        __m256 a = _mm256_sub_ps(m_old, u);
+        exp256_n(1, &a);
+        /* two partial sums, added in a fixed order: the result depends on nk only */
+        __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+        int64_t j = 0;
+        for (; j + 4 <= nk; j += 4)
+            softmax_keys(4, s + j * lds + r, lds, u, &hidden, sum);
+        for (; j < nk; j++)
+            softmax_keys(1, s + j * lds + r, lds, u, &hidden, sum);
         /* exp(-inf) is e^-87 here, not 0: a row that has seen nothing keeps l = 0 anyway */
         _mm256_storeu_ps(alpha + r, a);
-        _mm256_storeu_ps(l + r, _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, sum));
+        _mm256_storeu_ps(l + r,
+                         _mm256_fmadd_ps(_mm256_loadu_ps(l + r), a, _mm256_add_ps(sum[0], sum[1])));
         _mm256_storeu_ps(m + r, mx);
     }
     return _mm256_movemask_ps(hidden) != 0;
 }
 
-INLINE void pv_block(int mr, int nv, __m256i last, int64_t nk, const float *p, int64_t ldp,
-                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    const __m256i all = _mm256_set1_epi32(-1);
+/* Loads and stores of a vector of o or v: the last one of a row (lane mask `last`) only when
+ * `masked`, so that full-width rows keep no masks in registers. */
+INLINE __m256 load_cols(int masked, __m256i last, const float *x) {
+    return masked ? _mm256_maskload_ps(x, last) : _mm256_loadu_ps(x);
+}
+
+INLINE void store_cols(int masked, __m256i last, float *x, __m256 y) {
+    if (masked)
+        _mm256_maskstore_ps(x, last, y);
+    else
+        _mm256_storeu_ps(x, y);
+}
+
+/* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
+ * of columns; with `masked`, the last vector is limited to the lanes of `last`. */
+INLINE void pv_block(int mr, int nv, int masked, __m256i last, int64_t nk, const float *p,
+                     int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
+                     int64_t ldo) {
     __m256 acc[6][2];
     for (int a = 0; a < mr; a++) {
         const __m256 al = _mm256_broadcast_ss(alpha + a);
         for (int c = 0; c < nv; c++)
-            acc[a][c] = _mm256_mul_ps(
-                al, _mm256_maskload_ps(o + a * ldo + 8 * c, c == nv - 1 ? last : all));
+            acc[a][c] =
+                _mm256_mul_ps(al, load_cols(masked && c == nv - 1, last, o + a * ldo + 8 * c));
     }
     for (int64_t j = 0; j < nk; j++) {
         __m256 vv[2];
         for (int c = 0; c < nv; c++)
-            vv[c] = _mm256_maskload_ps(v + j * ldv + 8 * c, c == nv - 1 ? last : all);
+            vv[c] = load_cols(masked && c == nv - 1, last, v + j * ldv + 8 * c);
         for (int a = 0; a < mr; a++) {
             const __m256 pb = _mm256_broadcast_ss(p + j * ldp + a);
             for (int c = 0; c < nv; c++)
@@ -131,35 +223,64 @@ INLINE void pv_block(int mr, int nv, __m256i last, int64_t nk, const float *p, i
     }
     for (int a = 0; a < mr; a++)
         for (int c = 0; c < nv; c++)
-            _mm256_maskstore_ps(o + a * ldo + 8 * c, c == nv - 1 ? last : all, acc[a][c]);
+            store_cols(masked && c == nv - 1, last, o + a * ldo + 8 * c, acc[a][c]);
 }
 
-INLINE void pv_cols(int nv, __m256i last, int64_t nk, int64_t nr, const float *p, int64_t ldp,
-                    const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+/* n < 6 rows in one block (see qk_tail). */
+INLINE void pv_tail(int64_t n, int nv, int masked, __m256i last, int64_t nk, const float *p,
+                    int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
+                    int64_t ldo) {
+    switch (n) {
+    case 1:
+        pv_block(1, nv, masked, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    case 2:
+        pv_block(2, nv, masked, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    case 3:
+        pv_block(3, nv, masked, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    case 4:
+        pv_block(4, nv, masked, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    case 5:
+        pv_block(5, nv, masked, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        break;
+    default:
+        break;
+    }
+}
+
+INLINE void pv_cols(int nv, int masked, __m256i last, int64_t nk, int64_t nr, const float *p,
+                    int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
+                    int64_t ldo) {
     int64_t r = 0;
     for (; r + 6 <= nr; r += 6)
-        pv_block(6, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
-    for (; r < nr; r++)
-        pv_block(1, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+        pv_block(6, nv, masked, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+    pv_tail(nr - r, nv, masked, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
 }
 
 static void pv_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    const __m256i all = _mm256_set1_epi32(-1);
+    const __m256i none = _mm256_setzero_si256();
     int64_t c = 0;
     for (; c + 16 <= dv; c += 16)
-        pv_cols(2, all, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(2, 0, none, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
     const int64_t rest = dv - c;
     if (rest == 0)
         return;
+    if (rest == 8) {
+        pv_cols(1, 0, none, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        return;
+    }
     /* lanes below rest % 8 (or all 8) of the last vector */
     const int keep = rest % 8 == 0 ? 8 : (int)(rest % 8);
     const __m256i last =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(keep), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     if (rest > 8)
-        pv_cols(2, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(2, 1, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
     else
-        pv_cols(1, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(1, 1, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx2 = {
