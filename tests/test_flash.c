@@ -134,6 +134,27 @@ static void test_tile_boundaries(void) {
         }
 }
 
+/* A decode step's few query rows (1 to 4 rows per task: Lq = 1 with GQA groups 1 to 4, and
+ * Lq = 2 with a group of 2) take the tables' qk_few: every feature count around the vector
+ * widths and key counts around its key blocks and the key tile. */
+static void test_few_rows(void) {
+    static const int64_t dims[] = {1, 3, 7, 8, 9, 15, 16, 17, 33, 64, 127, 128, 129};
+    static const int64_t keys[] = {1, 2, 5, 7, 64, 65, 200};
+    tu_rng r = {7};
+    for (int shape = 0; shape < 5; shape++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++) {
+                const int64_t group = shape < 4 ? shape + 1 : 2, lq = shape < 4 ? 1 : 2;
+                const int64_t d = dims[di], lk = keys[ki];
+                tu_problem pb = tu_problem_new((tu_dims){2, 2 * group, 2, lq, lk, d, d}, &r);
+                char name[64];
+                snprintf(name, sizeof name, "few rows: group=%lld Lq=%lld Lk=%lld D=%lld",
+                         (long long)group, (long long)lq, (long long)lk, (long long)d);
+                CHECK_MSG(check_all_isas(name, &pb), "%s", name);
+                tu_problem_free(&pb);
+            }
+}
+
 /* NaN and Inf in the K/V of keys hidden inside a tile (sliding window, bool mask) must not
  * reach any output; NaN in a visible V reaches exactly its column; at every level. */
 static void test_nan_inside_tiles(void) {
@@ -208,5 +229,5 @@ static void test_thread_determinism(void) {
     tu_free(&l2);
 }
 
-CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_tile_boundaries), CASE(test_nan_inside_tiles),
-           CASE(test_thread_determinism))
+CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_tile_boundaries), CASE(test_few_rows),
+           CASE(test_nan_inside_tiles), CASE(test_thread_determinism))

@@ -82,6 +82,23 @@ static int has_nonfinite(const float *v, int64_t nk, int64_t ld, int64_t d) {
     return bad != 0;
 }
 
+/* Asks for the rows [j0, j0 + n) of t (batch b, head h) to be brought into the cache, when
+ * their features are contiguous. Used where a task has so few query rows that it does little
+ * arithmetic per byte (decode): V is requested before the slice's Q K^T and softmax, so that
+ * P V finds it arrived instead of waiting on DRAM a row at a time (K is requested ahead by the
+ * tables' qk_few themselves). A prefetch never faults and has no effect on results. */
+static void prefetch_rows(const sdpa_tensor *t, int64_t b, int64_t h, int64_t j0, int64_t n,
+                          int64_t d) {
+    if (t->stride[3] != 1 && d > 1)
+        return;
+    const int64_t bytes = d * (int64_t)sdpa_dtype_size(t->dtype);
+    for (int64_t j = 0; j < n; j++) {
+        const char *row = row_at(t, b, h, j0 + j);
+        for (int64_t c = 0; c < bytes; c += 64)
+            __builtin_prefetch(row + c, 0, 3);
+    }
+}
+
 /* One worker's scratch: the task's tiles and its row table. */
 typedef struct task_scratch {
     float *qt; /* Q transposed: Dk x rp */
@@ -248,6 +265,8 @@ static void flash_task(void *arg, int64_t task, int worker) {
             const int64_t r1use = r1pad < rows ? r1pad : rows;
             float *s0 = s + r0;
             int64_t ldk, ldv;
+            if (rows <= SDPA__FEW_ROWS)
+                prefetch_rows(&p->v, b, hk, js, nk, p->Dv);
             const float *kt =
                 tile_rows(uk, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
             /* qk_few serves f32 queries read in place; widened half-precision queries keep
