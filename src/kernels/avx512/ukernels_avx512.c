@@ -19,6 +19,11 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
+/* How many keys ahead qk_few asks for K rows: a decode step does too little arithmetic per
+ * byte for the out-of-order window alone to keep enough DRAM reads in flight (as in the AVX2
+ * table). A prefetch past the end of K never faults. */
+enum { FEW_PREFETCH_KEYS = 16 };
+
 INLINE __m512 exp512(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-100.0f), x); /* NaN x stays NaN: max returns its 2nd */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -198,6 +203,8 @@ INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk
     for (int64_t d = 0; d < dk; d += 16) {
         const __mmask16 dm = (__mmask16)(dk - d >= 16 ? 0xffff : (1u << (dk - d)) - 1u);
         __m512 kv[4];
+        for (int b = 0; b < nb; b++)
+            _mm_prefetch((const char *)(k + (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T0);
         for (int b = 0; b < nb; b++)
             kv[b] = _mm512_maskz_loadu_ps(dm, k + b * ldk + d);
         for (int r = 0; r < nr; r++) {
