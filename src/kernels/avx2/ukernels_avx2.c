@@ -76,6 +76,46 @@ INLINE void exp256_n(int n, __m256 *x) {
     }
 }
 
+/* pack_q: 8 rows x 8 features at a time, transposed in registers (rows past nr read as 0,
+ * features past dk are neither read nor stored). After unpacking pairs of floats and of
+ * doubles, 128-bit half h of u[4g + m] holds feature 4h + m of rows 4g..4g+3; joining the
+ * halves of u[m] and u[4 + m] gives feature m (low halves) and 4 + m (high halves) of rows
+ * 0..7. */
+static void pack_q_avx2(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t r0 = 0; r0 < nr; r0 += 8) {
+        const int64_t nrows = nr - r0 < 8 ? nr - r0 : 8;
+        for (int64_t d0 = 0; d0 < dk; d0 += 8) {
+            const int64_t nd = dk - d0 < 8 ? dk - d0 : 8;
+            const __m256i dm = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)nd), lane);
+            __m256 x[8], t[8], u[8];
+            for (int a = 0; a < 8; a++)
+                x[a] = a < nrows ? _mm256_maskload_ps(rows[r0 + a] + d0, dm) : _mm256_setzero_ps();
+            for (int a = 0; a < 8; a += 2) {
+                t[a] = _mm256_unpacklo_ps(x[a], x[a + 1]);
+                t[a + 1] = _mm256_unpackhi_ps(x[a], x[a + 1]);
+            }
+            for (int g = 0; g < 2; g++) {
+                const __m256d t0 = _mm256_castps_pd(t[4 * g]), t1 = _mm256_castps_pd(t[4 * g + 1]);
+                const __m256d t2 = _mm256_castps_pd(t[4 * g + 2]);
+                const __m256d t3 = _mm256_castps_pd(t[4 * g + 3]);
+                u[4 * g] = _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t2));
+                u[4 * g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t2));
+                u[4 * g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(t1, t3));
+                u[4 * g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(t1, t3));
+            }
+            for (int m = 0; m < 4; m++) {
+                if (m < nd)
+                    _mm256_storeu_ps(qt + (d0 + m) * ldq + r0,
+                                     _mm256_permute2f128_ps(u[m], u[4 + m], 0x20));
+                if (4 + m < nd)
+                    _mm256_storeu_ps(qt + (d0 + 4 + m) * ldq + r0,
+                                     _mm256_permute2f128_ps(u[m], u[4 + m], 0x31));
+            }
+        }
+    }
+}
+
 INLINE void qk_block(int mr, int nv, int64_t dk, const float *k, int64_t ldk, const float *qt,
                      int64_t ldq, float scale, float *s, int64_t lds) {
     __m256 acc[6][2];
@@ -375,7 +415,7 @@ static void pv_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t 
 const sdpa__ukernels sdpa__uk_avx2 = {
     .name = "avx2",
     .lanes = 8,
-    .pack_q = sdpa__pack_q_generic,
+    .pack_q = pack_q_avx2,
     .qk = qk_avx2,
     .qk_few = qk_few_avx2,
     .softmax = softmax_avx2,
