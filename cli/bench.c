@@ -60,6 +60,13 @@ static const char help[] =
     "                       a level above the kernels' is refused (exit 1)\n"
     "  --help               this text\n"
     "\n"
+    "The header names the kernels that ran and their ISA level, the CPU (model, family and\n"
+    "model numbers, L1d, L2 and L3 sizes) with the best level it offers (higher than the\n"
+    "kernels' under SDPA_MAX_ISA, which the header then says), and the loop of the peak probe:\n"
+    "compare a %peak only with figures of the same CPU, kernels and peak loop. The JSON holds\n"
+    "the same as cpu_model, cpu_family, cpu_model_number, cache_kib, cpu_isa, isa, kernel and\n"
+    "peak.*.isa.\n"
+    "\n"
     "Figures:\n"
     "  ms          median, min and max wall time of one sdpa_forward call\n"
     "  GFLOP/s     FLOP / median time, FLOP = 4 * B * Hq * D * (visible (query, key) pairs):\n"
@@ -498,6 +505,7 @@ static int probe_library(const options *o, bench_run *ri, sdpa_isa *peak_isa) {
     const sdpa_isa level = sdpa_ctx_isa(probe);
     ri->n_threads = sdpa_ctx_n_threads(probe);
     ri->isa = sdpa_isa_name(level);
+    ri->cpu_isa = sdpa_isa_name(sdpa_ctx_cpu_isa(probe));
     ri->kernel = sdpa_ctx_kernel(probe);
     snprintf(ri->describe, sizeof ri->describe, "%s", sdpa_ctx_describe(probe));
     sdpa_ctx_destroy(probe);
@@ -557,7 +565,7 @@ int cli_bench(int argc, char **argv) {
     ri.reps_max = o.reps;
     ri.warmup = o.warmup;
     ri.min_time = o.min_time;
-    bench_cpu_model(ri.cpu, sizeof ri.cpu);
+    bench_cpu_info(&ri);
     const time_t now = time(NULL);
     struct tm tm;
     if (gmtime_r(&now, &tm) == NULL ||

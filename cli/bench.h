@@ -86,7 +86,10 @@ typedef struct bench_run {
     const char *isa;     /* sdpa_isa_name(sdpa_ctx_isa()): the level of the kernels that run */
     const char *kernel;  /* sdpa_ctx_kernel(): the implementation that runs */
     char describe[2048]; /* sdpa_ctx_describe(): the dispatch and the kernels available */
-    char cpu[128];
+    const char *cpu_isa; /* sdpa_isa_name(sdpa_ctx_cpu_isa()): the CPU's best level, uncapped */
+    char cpu[128];       /* the model name */
+    int cpu_family, cpu_model; /* as /proc/cpuinfo gives them; -1 unknown */
+    long cache_kib[3];         /* L1d, L2, L3 of cpu0 in KiB (sysfs); 0 unknown */
     char date[32];
     int reps_max, warmup;
     double min_time;
@@ -101,8 +104,10 @@ const char *bench_mask_name(bench_mask m);
  * it back to --shape. */
 void bench_shape_spec(const bench_shape *s, char *buf, size_t cap);
 
-/* Copies the "model name" of /proc/cpuinfo into buf, or "unknown". */
-void bench_cpu_model(char *buf, size_t cap);
+/* Fills run's cpu (the "model name" of /proc/cpuinfo, or "unknown"), cpu_family and cpu_model
+ * (its "cpu family" and "model", or -1) and cache_kib (the L1 data, L2 and L3 caches of cpu0
+ * from /sys/devices/system/cpu/cpu0/cache, or 0). */
+void bench_cpu_info(bench_run *run);
 
 /* Prints the human-readable table. */
 void bench_print_table(FILE *f, const bench_run *run, const bench_result *rs, int n);

@@ -8,6 +8,7 @@
 #include "sdpa.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *bench_mask_name(bench_mask m) {
@@ -31,21 +32,70 @@ void bench_shape_spec(const bench_shape *s, char *buf, size_t cap) {
              s->mask == BENCH_MASK_NONE ? "" : bench_mask_name(s->mask));
 }
 
-void bench_cpu_model(char *buf, size_t cap) {
-    snprintf(buf, cap, "unknown");
+/* The text after the colon of a "key : value" line of /proc/cpuinfo, without its newline. */
+static const char *cpuinfo_value(char *line) {
+    char *colon = strchr(line, ':');
+    if (colon == NULL)
+        return NULL;
+    colon += strspn(colon + 1, " \t") + 1;
+    colon[strcspn(colon, "\n")] = '\0';
+    return colon;
+}
+
+/* The size in KiB of cpu0's cache of this level and type ("Data", "Unified"), or 0. */
+static long cache_kib(int level, const char *type) {
+    for (int index = 0; index < 8; index++) {
+        char path[96], buf[32];
+        long lvl = -1, kib = 0;
+        int match = 0;
+        static const char *const files[] = {"level", "type", "size"};
+        for (int f = 0; f < 3; f++) {
+            snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/%s", index,
+                     files[f]);
+            FILE *fp = fopen(path, "r");
+            if (fp == NULL)
+                return 0; /* no such index: the list has ended */
+            const int got = fgets(buf, sizeof buf, fp) != NULL;
+            fclose(fp);
+            if (!got)
+                break;
+            buf[strcspn(buf, "\n")] = '\0';
+            if (f == 0)
+                lvl = strtol(buf, NULL, 10);
+            else if (f == 1)
+                match = strcmp(buf, type) == 0;
+            else /* "48K", "1024K", "32M" */
+                kib = strtol(buf, NULL, 10) * (strchr(buf, 'M') != NULL ? 1024 : 1);
+        }
+        if (lvl == level && match)
+            return kib;
+    }
+    return 0;
+}
+
+void bench_cpu_info(bench_run *run) {
+    snprintf(run->cpu, sizeof run->cpu, "unknown");
+    run->cpu_family = run->cpu_model = -1;
+    run->cache_kib[0] = cache_kib(1, "Data");
+    run->cache_kib[1] = cache_kib(2, "Unified");
+    run->cache_kib[2] = cache_kib(3, "Unified");
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (f == NULL)
         return;
     char line[512];
-    while (fgets(line, sizeof line, f) != NULL) {
-        if (strncmp(line, "model name", 10) != 0)
+    int have_name = 0;
+    while (fgets(line, sizeof line, f) != NULL && strcmp(line, "\n") != 0) {
+        const char *v = cpuinfo_value(line); /* the first processor's block only */
+        if (v == NULL)
             continue;
-        const char *colon = strchr(line, ':');
-        if (colon == NULL)
-            continue;
-        colon += strspn(colon + 1, " \t") + 1;
-        snprintf(buf, cap, "%.*s", (int)strcspn(colon, "\n"), colon);
-        break;
+        if (strncmp(line, "model name", 10) == 0 && !have_name) {
+            snprintf(run->cpu, sizeof run->cpu, "%s", v);
+            have_name = 1;
+        } else if (strncmp(line, "cpu family", 10) == 0) {
+            run->cpu_family = (int)strtol(v, NULL, 10);
+        } else if (strncmp(line, "model\t", 6) == 0 || strncmp(line, "model ", 6) == 0) {
+            run->cpu_model = (int)strtol(v, NULL, 10);
+        }
     }
     fclose(f);
 }
@@ -55,14 +105,25 @@ static double ratio(double x, double of) {
 }
 
 void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int n) {
-    fprintf(f, "sdpa bench: sdpa %s, isa %s, kernel %s, %d thread%s, %s, %s\n", sdpa_version(),
-            ri->isa, ri->kernel, ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->cpu, ri->date);
+    fprintf(f, "sdpa bench: sdpa %s, kernel %s (isa %s), %d thread%s, %s\n", sdpa_version(),
+            ri->kernel, ri->isa, ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->date);
+    fprintf(f,
+            "CPU: %s, family %d model %d, L1d %ld KiB, L2 %ld KiB, L3 %ld KiB; its best isa %s%s\n",
+            ri->cpu, ri->cpu_family, ri->cpu_model, ri->cache_kib[0], ri->cache_kib[1],
+            ri->cache_kib[2], ri->cpu_isa,
+            strcmp(ri->cpu_isa, ri->isa) != 0 ? " (the kernels are capped: max_isa or SDPA_MAX_ISA)"
+                                              : "");
     fprintf(f,
             "FP32 FMA peak (%s loop, %d thread%s): %.1f GFLOP/s at the start, %.1f at the end; "
             "read bandwidth %.1f / %.1f GB/s\n\n",
             sdpa_isa_name(ri->peak_start.isa), ri->peak_start.n_threads,
             ri->peak_start.n_threads == 1 ? "" : "s", ri->peak_start.gflops, ri->peak_end.gflops,
             ri->peak_start.read_gbs, ri->peak_end.read_gbs);
+    if (strcmp(sdpa_isa_name(ri->peak_start.isa), ri->isa) != 0)
+        fprintf(f,
+                "note: the peak loop (%s) is below the kernels (%s): %%peak is against a peak "
+                "they can exceed\n\n",
+                sdpa_isa_name(ri->peak_start.isa), ri->isa);
     fprintf(f, "%3s %6s %6s %6s %5s %-9s %5s %10s %10s %10s %9s %6s %8s %5s %9s\n", "B", "H", "Lq",
             "Lk", "D", "mask", "reps", "median ms", "min ms", "max ms", "GFLOP/s", "%peak", "GB/s",
             "%bw", "extra MB");
@@ -127,6 +188,11 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
     json_string(f, ri->date);
     fputs(",\n  \"cpu_model\": ", f);
     json_string(f, ri->cpu);
+    fprintf(f,
+            ",\n  \"cpu_family\": %d,\n  \"cpu_model_number\": %d,\n  \"cache_kib\": "
+            "{\"l1d\": %ld, \"l2\": %ld, \"l3\": %ld},\n  \"cpu_isa\": \"%s\"",
+            ri->cpu_family, ri->cpu_model, ri->cache_kib[0], ri->cache_kib[1], ri->cache_kib[2],
+            ri->cpu_isa);
     fprintf(f, ",\n  \"threads\": %d,\n  \"isa\": \"%s\",\n  \"kernel\": ", ri->n_threads, ri->isa);
     json_string(f, ri->kernel);
     fputs(",\n  ", f);

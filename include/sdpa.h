@@ -227,6 +227,13 @@ SDPA_API int sdpa_ctx_n_threads(const sdpa_ctx *ctx);
  *         NULL ctx gives SDPA_ISA_GENERIC. */
 SDPA_API sdpa_isa sdpa_ctx_isa(const sdpa_ctx *ctx);
 
+/* @return the best instruction-set level this CPU and its OS support (CPUID and XGETBV), before
+ *         any cap (max_isa, SDPA_MAX_ISA) and whether or not an implementation uses it: what
+ *         the machine could run, beside sdpa_ctx_isa(), what it does run. Benchmarks report
+ *         both, so that a figure taken under a cap is never read as the machine's best.
+ *         NULL ctx gives SDPA_ISA_GENERIC. */
+SDPA_API sdpa_isa sdpa_ctx_cpu_isa(const sdpa_ctx *ctx);
+
 /* @return the name of the implementation sdpa_forward runs on this context ("flash-avx512",
  *         "flash-avx2", "flash-generic", "reference"), for reports and benchmarks. Static
  *         storage; NULL ctx gives "". */

@@ -200,6 +200,10 @@ sdpa_isa sdpa_ctx_isa(const sdpa_ctx *ctx) {
     return ctx == NULL ? SDPA_ISA_GENERIC : ctx->impl[SDPA__OP_FORWARD]->level;
 }
 
+sdpa_isa sdpa_ctx_cpu_isa(const sdpa_ctx *ctx) {
+    return ctx == NULL ? SDPA_ISA_GENERIC : sdpa__cpu_level(ctx->features);
+}
+
 const char *sdpa_ctx_kernel(const sdpa_ctx *ctx) {
     return ctx == NULL ? "" : ctx->impl[SDPA__OP_FORWARD]->name;
 }

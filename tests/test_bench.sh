@@ -37,8 +37,12 @@ assert len(s) == 2 and s[0]["spec"] == "1,1,16,16,8", s
 assert s[0]["flops"] == 4 * 1 * 1 * 8 * 16 * 16, s[0]["flops"]
 assert 1 <= s[0]["reps"] <= 2 and s[0]["ms_median"] > 0
 assert j["threads"] == 1 and j["peak"]["start"]["fma_gflops"] > 0
-for k in ("sdpa_version", "date", "cpu_model", "flop_convention"):
+for k in ("sdpa_version", "date", "cpu_model", "cpu_family", "cpu_model_number", "cache_kib",
+          "cpu_isa", "isa", "kernel", "flop_convention"):
     assert k in j, k
+levels = ["generic", "avx2", "avx512", "amx"]
+assert levels.index(j["isa"]) <= levels.index(j["cpu_isa"]), (j["isa"], j["cpu_isa"])
+assert set(j["cache_kib"]) == {"l1d", "l2", "l3"}
 PY
 then ok json_fields; else fail json_fields; fi
 if grep -Eq '^ +1 +1 +16 +16 +8 +none' "$tmp/out"; then ok table_row; else fail table_row; fi
@@ -59,6 +63,20 @@ check bad_peak_isa 2 -- --peak-isa sse
 # the kernels' (here capped by SDPA_MAX_ISA) refused as a runtime error before any timing.
 check peak_generic 0 -- --shape 1,1,8,8,4 --reps 1 --min-time 0.1 --threads 1 --peak-isa generic
 if grep -q 'generic loop' "$tmp/out"; then ok peak_generic_named; else fail peak_generic_named; fi
+# ... and a table whose peak loop is below its kernels says so, unless both are generic
+if [ "$("$sdpa" info | sed -n 's/^isa: *//p')" = generic ] || grep -q 'below the kernels' "$tmp/out"; then
+  ok peak_below_noted
+else
+  fail peak_below_noted
+fi
+# Capped kernels are named as such beside the CPU's own level.
+SDPA_MAX_ISA=generic check capped 0 -- --shape 1,1,8,8,4 --reps 1 --min-time 0.1 --threads 1
+if [ "$("$sdpa" info | sed -n 's/^cpu isa: *\([a-z0-9]*\).*/\1/p')" = generic ] ||
+  grep -q 'the kernels are capped' "$tmp/out"; then
+  ok capped_named
+else
+  fail capped_named
+fi
 SDPA_MAX_ISA=generic check peak_above_kernels 1 -- --shape 1,1,8,8,4 --peak-isa avx2
 if grep -q 'does not go above' "$tmp/err"; then ok peak_above_message; else fail peak_above_message; fi
 

@@ -115,13 +115,22 @@ static void test_ctx_max_isa(void) {
         CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_ERR_PARAM);
         CHECK(ctx == NULL);
     }
+    /* the CPU's own level does not move with the cap, and the kernels never exceed it */
+    sdpa_ctx *uncapped = tu_ctx(1, SDPA_ISA_AUTO);
+    const sdpa_isa cpu = sdpa_ctx_cpu_isa(uncapped);
+    sdpa_ctx_destroy(uncapped);
+    CHECK(cpu >= SDPA_ISA_GENERIC && cpu <= SDPA_ISA_AMX);
     for (int cap = SDPA_ISA_AUTO; cap <= SDPA_ISA_AMX; cap++) {
         sdpa_ctx *ctx = tu_ctx(1, (sdpa_isa)cap);
         const sdpa_isa isa = sdpa_ctx_isa(ctx);
         CHECK_MSG(isa >= SDPA_ISA_GENERIC && (cap == SDPA_ISA_AUTO || (int)isa <= cap),
                   "max_isa=%s gave isa=%s", sdpa_isa_name((sdpa_isa)cap), sdpa_isa_name(isa));
+        CHECK_MSG(sdpa_ctx_cpu_isa(ctx) == cpu && isa <= cpu, "max_isa=%s: cpu isa %s, isa %s",
+                  sdpa_isa_name((sdpa_isa)cap), sdpa_isa_name(sdpa_ctx_cpu_isa(ctx)),
+                  sdpa_isa_name(isa));
         sdpa_ctx_destroy(ctx);
     }
+    CHECK(sdpa_ctx_cpu_isa(NULL) == SDPA_ISA_GENERIC);
 }
 
 static void test_ctx_allocator_half_set(void) {
