@@ -6,11 +6,24 @@ Re-run it from the repository root (after `make`, which builds build/cli/sdpa):
     python3 bench/peers/run_peers.py --threads 2                  # quick preset
     python3 bench/peers/run_peers.py --threads 2 --preset full    # the targets of issue 3
     python3 bench/peers/run_peers.py --threads 2 --shape 1,16,1024,1024,64,causal
+    python3 bench/peers/run_peers.py --threads 2 --isa avx2       # everyone at AVX2, also on a
+                                                                   # machine with AVX-512
     python3 bench/peers/run_peers.py --python /path/to/python     # an interpreter that already
                                                                    # has torch 2.x and numpy
 
-Without --python it creates a virtual environment in bench/peers/.venv (git ignores it) and
-pip-installs numpy and the CPU build of torch into it, once; later runs reuse it.
+The peers run in virtual environments under bench/peers/ (git ignores them), created and filled
+with pip on first use; later runs reuse them, and deleting one rebuilds it:
+  - .venv: numpy, torch and threadpoolctl (which names the OpenBLAS core numpy runs), for the
+    torch/numpy worker unless --python names another interpreter; and ggml-python for
+    --isa native. torch comes from --torch-index-url, by default the CPU wheels; where only
+    PyPI can be reached, pass --torch-index-url '' (PyPI's Linux torch is the CUDA build,
+    several GB, which runs on the CPU all the same);
+  - .venv-avx2: numpy and ggml-python, for ggml under --isa avx2.
+ggml-python (GGML_PYTHON below, pinned) is an sdist: pip builds its vendored ggml with CMake,
+with CMAKE_ARGS from GGML_CMAKE_ARGS: GGML_NATIVE=ON (-march=native) in .venv; in .venv-avx2
+GGML_NATIVE, the AVX-512, AVX-VNNI and AMX options OFF and GGML_SSE42, GGML_AVX, GGML_AVX2,
+GGML_FMA, GGML_F16C, GGML_BMI2 ON. It installs with --no-cache-dir --no-binary: pip's wheel
+cache does not key on CMAKE_ARGS, and would hand one venv the other's build.
 
 What it does:
   1. runs `sdpa bench --json` (the binary given by --sdpa) at the preset's shapes or the
@@ -25,17 +38,51 @@ What it does:
        broadcasting, so it materialises (B, H, Lq, Lk) arrays. Shapes whose three live
        Lq x Lk buffers would exceed --numpy-max-gb (default 3 GB) are skipped, and the table
        says so. numpy's BLAS gets N threads through OPENBLAS/OMP/MKL_NUM_THREADS;
-  3. measures the FMA peak once more (a tiny `sdpa bench` run) and prints a table: per shape
-     the GFLOP/s of sdpa, torch and numpy, the ratio sdpa/torch, and each as a % of the FMA
-     peak that sdpa bench measured (the higher of start and end), then a warning if the peaks
-     of the run differ by more than 15 % (the machine was busy: rerun).
+  3. in ggml's interpreter (another child process: ggml aborts the process on arguments it
+     rejects, and its OpenMP runtime is not torch's), ggml's CPU flash attention,
+     ggml_flash_attn_ext, through the ctypes API of ggml-python (ggml_peer.py): Q, K, V the
+     same f32 arrays, scale 1/sqrt(D), for causal an F16 additive mask (0 / -inf) of Lq rows,
+     grouped-query K/V heads broadcast by ggml itself. The graph and its compute plan are
+     built once per shape, and only ggml_graph_compute with N threads (a thread pool made
+     once) is timed. Before timing, its output is compared with a float64 numpy reference
+     (the whole output for small shapes, else a slice of batches, heads and query rows); an
+     error above 1e-3 of the reference's largest magnitude records the shape as failed with
+     the reason, instead of a time. A second column, `ggml f16 K/V`, times the same with K and
+     V stored as f16, what ggml's users usually run; its reference takes the f16-rounded K and
+     V, and its bound is 0.1, not 1e-3: ggml's kernel for one query row at a time (decode,
+     and shapes of fewer than 64 query rows) accumulates P V in f16, which costs 0.3 to 2 %
+     at Lk 512 to 4096 and 5 % at 16384 (a wrong layout or mask costs about 100 %); the
+     table notes any error above 1e-3;
+  4. measures the FMA peak once more (a tiny `sdpa bench` run) and prints a table: per shape
+     the GFLOP/s of sdpa, torch, numpy, ggml and ggml with f16 K/V, the ratios sdpa/torch and
+     sdpa/ggml, and each as a % of the FMA peak that sdpa bench measured (the higher of start
+     and end), then a warning if the peaks of the run differ by more than 15 % (the machine
+     was busy: rerun). The header names the ISA level each system ran at.
+
+--isa native|avx2 (default native) chooses the instruction set level of every system:
+  native  each system picks what the CPU offers;
+  avx2    sdpa bench runs with SDPA_MAX_ISA=avx2 (so its kernels, and its peak probe, which
+          follows them, are AVX2 + FMA); the torch/numpy worker runs with
+          ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2 (torch's CPU SDPA calls MKL's
+          SGEMM), ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell and NPY_DISABLE_CPU_FEATURES
+          set to numpy's AVX-512 dispatch targets; ggml is the build in .venv-avx2, compiled
+          without AVX-512. The header prints what each system reports: sdpa's kernel level,
+          torch.backends.cpu.get_cpu_capability(), numpy's highest enabled dispatch target and
+          OpenBLAS core (numpy's X86_V3 is x86-64-v3: AVX2, FMA, F16C), ggml's compiled-in
+          features. MKL cannot be asked what it chose.
+--no-ggml leaves ggml out; --ggml-python PATH runs ggml in an interpreter of your own.
 
 The FLOP count is sdpa bench's: 4 * B * Hq * D * (visible (query, key) pairs); with causal
 only the visible pairs count, for every implementation, although numpy computes them all.
 Timing follows sdpa bench: warm-up calls, then repetitions until --reps are done or --min-time
-seconds are spent (at least one), and the median. Inputs are uniform in [-1, 1) from fixed
-seeds. Grouped-query shapes (Hq > Hkv) use enable_gqa where torch has it (2.5+); otherwise,
-and for numpy, K and V are expanded to Hq heads before the clock starts.
+seconds are spent (at least one), and the median. Inputs are uniform in [-1, 1) from a seed per
+shape (its position in the list), so both workers build the same arrays (the CRCs of each
+shape's inputs are compared, and the table says where they differ). Grouped-query shapes (Hq > Hkv) use enable_gqa where torch has it (2.5+);
+otherwise, and for numpy, K and V are expanded to Hq heads before the clock starts.
+
+The JSON of --json holds sdpa's JSON, the peers' figures per shape (torch, numpy, ggml,
+ggml_f16: reps, median/min/max ms, GFLOP/s, K/V GB/s, and for ggml max_rel_err, or
+skipped/failed with the reason), the ISA each system reported, the thread count and --isa.
 """
 
 import argparse
@@ -46,15 +93,33 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VENV = os.path.join(HERE, ".venv")
+VENV_AVX2 = os.path.join(HERE, ".venv-avx2")
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+# The ggml-python release whose vendored ggml (0.15.3) ggml_peer.py was written against: its
+# mask rules and its binding's structs are those of that ggml.
+GGML_PYTHON = "ggml-python==0.0.45"
+
+# CMAKE_ARGS for the ggml build of each --isa (option names from the sdist's
+# vendor/ggml/CMakeLists.txt). Explicit ON/OFF, because ggml's defaults depend on the
+# environment: GGML_NATIVE defaults to OFF when SOURCE_DATE_EPOCH is set.
+GGML_CMAKE_ARGS = {
+    "native": "-DGGML_NATIVE=ON",
+    "avx2": " ".join("-DGGML_%s=%s" % kv for kv in (
+        ("NATIVE", "OFF"), ("SSE42", "ON"), ("AVX", "ON"), ("AVX2", "ON"), ("FMA", "ON"),
+        ("F16C", "ON"), ("BMI2", "ON"), ("AVX_VNNI", "OFF"), ("AVX512", "OFF"),
+        ("AVX512_VBMI", "OFF"), ("AVX512_VNNI", "OFF"), ("AVX512_BF16", "OFF"),
+        ("AMX_TILE", "OFF"), ("AMX_INT8", "OFF"), ("AMX_BF16", "OFF"))),
+}
 
 
 # --------------------------------------------------------------------------------------------
-# The peers, measured in a child process that runs this file with --worker JOB OUT
+# The peers, measured in child processes that run this file with --worker JOB OUT
 # --------------------------------------------------------------------------------------------
 
 def time_calls(fn, warmup, reps, min_time):
@@ -90,32 +155,65 @@ def visibility(np, s):
     return j <= i + off
 
 
-def worker(job_path, out_path):
-    job = json.load(open(job_path))
+def inputs(np, s, index):
+    """Q (B, Hq, Lq, D), K and V (B, Hkv, Lk, D), f32 uniform in [-1, 1), from the seed
+    index, and a CRC-32 of their bytes, by which the driver sees that every worker had the
+    same arrays."""
+    rng = np.random.default_rng(index)
+    B, Hq, Hkv, Lq, Lk, D = (s[k] for k in ("B", "Hq", "Hkv", "Lq", "Lk", "D"))
+    q = rng.uniform(-1, 1, (B, Hq, Lq, D)).astype(np.float32)
+    k = rng.uniform(-1, 1, (B, Hkv, Lk, D)).astype(np.float32)
+    v = rng.uniform(-1, 1, (B, Hkv, Lk, D)).astype(np.float32)
+    crc = 0
+    for x in (q, k, v):
+        crc = zlib.crc32(memoryview(x).cast("B"), crc)
+    return q, k, v, crc
+
+
+def numpy_isa(np):
+    """numpy's highest enabled SIMD dispatch target, and the OpenBLAS core its matmul runs
+    (through threadpoolctl, when installed)."""
+    try:
+        from numpy._core import _multiarray_umath as m
+    except ImportError:  # numpy 1.x
+        from numpy.core import _multiarray_umath as m
+    on = [t for t in m.__cpu_dispatch__ if m.__cpu_features__.get(t)]
+    isa = {"numpy_simd": on[-1] if on else "baseline (%s)" % " ".join(m.__cpu_baseline__)}
+    try:
+        import threadpoolctl
+        for lib in threadpoolctl.threadpool_info():
+            if lib.get("internal_api") == "openblas":
+                isa["openblas_core"] = lib.get("architecture")
+                break
+    except ImportError:
+        pass
+    return isa
+
+
+def run_torch_numpy(job, results):
+    """PyTorch's SDPA and the seeds' numpy code at every shape of the job."""
     n = job["threads"]
     import numpy as np
     import torch
     import torch.nn.functional as F
 
     torch.set_num_threads(n)
-    results = {"torch_version": torch.__version__, "numpy_version": np.__version__,
-               "torch_threads": torch.get_num_threads(), "shapes": []}
+    results.update({"torch_version": torch.__version__, "numpy_version": np.__version__,
+                    "torch_threads": torch.get_num_threads(),
+                    "torch_isa": torch.backends.cpu.get_cpu_capability(),
+                    "numpy_isa": numpy_isa(np)})
     try:  # enable_gqa arrived in torch 2.5
         x = torch.zeros(1, 2, 1, 4)
         F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
         has_gqa = True
     except TypeError:
         has_gqa = False
-    rng = np.random.default_rng(0)
-    for s in job["shapes"]:
-        B, Hq, Hkv, Lq, Lk, D = (s[k] for k in ("B", "Hq", "Hkv", "Lq", "Lk", "D"))
-        g = Hq // Hkv
-        sys.stderr.write("\r\033[K  peers: %s" % s["spec"] if sys.stderr.isatty() else "")
-        q = rng.uniform(-1, 1, (B, Hq, Lq, D)).astype(np.float32)
-        k = rng.uniform(-1, 1, (B, Hkv, Lk, D)).astype(np.float32)
-        v = rng.uniform(-1, 1, (B, Hkv, Lk, D)).astype(np.float32)
+    for index, s in enumerate(job["shapes"]):
+        g = s["Hq"] // s["Hkv"]
+        sys.stderr.write("\r\033[K  torch, numpy: %s" % s["spec"] if sys.stderr.isatty() else "")
+        q, k, v, crc = inputs(np, s, index)
         vis = visibility(np, s)
-        row = {"spec": s["spec"]}
+        row = {"spec": s["spec"], "inputs_crc32": crc}
 
         # PyTorch: is_causal is top-left; bottom-right needs an explicit bool mask.
         tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
@@ -137,7 +235,7 @@ def worker(job_path, out_path):
 
         # The seeds' numpy code, batched over (B, H) by broadcasting. Three Lq x Lk arrays are
         # alive at its peak: the scores, exp(x - max) and the weights.
-        need = 3 * B * Hq * Lq * Lk * 4
+        need = 3 * s["B"] * s["Hq"] * s["Lq"] * s["Lk"] * 4
         if need > job["numpy_max_bytes"]:
             row["numpy"] = {"skipped": "needs %.1f GB for its Lq x Lk arrays (limit %.1f GB)"
                             % (need / 1e9, job["numpy_max_bytes"] / 1e9)}
@@ -157,12 +255,50 @@ def worker(job_path, out_path):
 
             times = time_calls(seeds_numpy, job["warmup"], job["reps"], job["min_time"])
             row["numpy"] = summary(times, s["flops"])
-        for peer in ("torch", "numpy"):
-            if "ms_median" in row[peer]:
-                row[peer]["gbs"] = s["kv_bytes"] / (row[peer]["ms_median"] * 1e-3) * 1e-9
         results["shapes"].append(row)
+
+
+def run_ggml(job, results):
+    """ggml's flash attention (ggml_peer.py) at every shape of the job, f32 and f16 K/V."""
+    import numpy as np
+    import ggml
+    import ggml_peer
+
+    n = job["threads"]
+    results["ggml_info"] = ggml_peer.info(ggml)
+    if job["isa"] == "avx2" and results["ggml_info"]["isa"] not in ("avx2", "avx", "generic"):
+        raise SystemExit("run_peers.py: the ggml of %s was built for %s, not AVX2: delete that "
+                         "virtual environment and rerun" % (sys.prefix,
+                                                            results["ggml_info"]["isa"]))
+    pool = ggml_peer.new_threadpool(ggml, n)
+    try:
+        for index, s in enumerate(job["shapes"]):
+            sys.stderr.write("\r\033[K  ggml: %s" % s["spec"] if sys.stderr.isatty() else "")
+            q, k, v, crc = inputs(np, s, index)
+            row = {"spec": s["spec"], "inputs_crc32": crc}
+            row.update(ggml_peer.measure(
+                ggml, np, q, k, v, visibility(np, s), n, pool,
+                lambda fn: summary(time_calls(fn, job["warmup"], job["reps"], job["min_time"]),
+                                   s["flops"])))
+            results["shapes"].append(row)
+    finally:
+        ggml.ggml_threadpool_free(pool)
+
+
+def worker(job_path, out_path):
+    job = json.load(open(job_path))
+    results = {"shapes": []}
+    if job["peers"] == "ggml":
+        run_ggml(job, results)
+    else:
+        run_torch_numpy(job, results)
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
+    for row, s in zip(results["shapes"], job["shapes"]):
+        for peer, kv_bytes in (("torch", s["kv_bytes"]), ("numpy", s["kv_bytes"]),
+                               ("ggml", s["kv_bytes"]), ("ggml_f16", s["kv_bytes"] / 2)):
+            if "ms_median" in row.get(peer, {}):
+                row[peer]["gbs"] = kv_bytes / (row[peer]["ms_median"] * 1e-3) * 1e-9
     with open(out_path, "w") as f:
         json.dump(results, f, indent=1)
 
@@ -171,72 +307,169 @@ def worker(job_path, out_path):
 # The driver (standard library only)
 # --------------------------------------------------------------------------------------------
 
+def venv_python(venv, needs):
+    """The interpreter of venv, created on first use, after pip-installing each (module,
+    pip arguments, extra environment) of needs whose module it cannot import."""
+    py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py):
+        print("creating %s" % venv, flush=True)
+        subprocess.check_call([sys.executable, "-m", "venv", venv])
+    importable = (lambda modules: subprocess.run([py, "-c", "import " + ", ".join(modules)],
+                                                 capture_output=True).returncode == 0)
+    if importable([m for m, _, _ in needs]):
+        return py
+    for module, pip_args, extra_env in needs:
+        if importable([module]):
+            continue
+        print("installing %s into %s%s" % (pip_args[-1], venv, "".join(
+            " with %s='%s'" % kv for kv in extra_env.items())), flush=True)
+        subprocess.check_call([py, "-m", "pip", "install"] + pip_args,
+                              env=dict(os.environ, **extra_env))
+    return py
+
+
 def peers_python(args):
-    """The interpreter that runs the peers: --python, or bench/peers/.venv (created and
-    filled with pip on first use)."""
+    """The interpreter that runs torch and numpy: --python, or bench/peers/.venv."""
     if args.python:
         return args.python
-    py = os.path.join(VENV, "bin", "python")
-    if not os.path.exists(py):
-        print("creating %s" % VENV, flush=True)
-        subprocess.check_call([sys.executable, "-m", "venv", VENV])
-    probe = subprocess.run([py, "-c", "import torch, numpy"], capture_output=True)
-    if probe.returncode != 0:
-        print("installing numpy and torch (CPU) into %s" % VENV, flush=True)
-        subprocess.check_call([py, "-m", "pip", "install", "--upgrade", "numpy"])
-        torch_cmd = [py, "-m", "pip", "install", "--upgrade", "torch"]
-        if args.torch_index_url:
-            torch_cmd += ["--index-url", args.torch_index_url]
-        subprocess.check_call(torch_cmd)
-    return py
+    torch_args = ["--upgrade", "torch"]
+    if args.torch_index_url:
+        torch_args = ["--index-url", args.torch_index_url] + torch_args
+    return venv_python(VENV, [("numpy", ["--upgrade", "numpy"], {}),
+                              ("torch", torch_args, {}),
+                              ("threadpoolctl", ["threadpoolctl"], {})])
+
+
+def ggml_python(args):
+    """The interpreter that runs ggml: --ggml-python, or the venv of --isa with ggml-python
+    built from source for that level."""
+    if args.ggml_python:
+        return args.ggml_python
+    return venv_python(VENV if args.isa == "native" else VENV_AVX2, [
+        ("numpy", ["--upgrade", "numpy"], {}),
+        ("ggml", ["--no-cache-dir", "--no-binary", "ggml-python", GGML_PYTHON],
+         {"CMAKE_ARGS": GGML_CMAKE_ARGS[args.isa]})])
+
+
+def isa_envs(args, py):
+    """The environment variables that hold sdpa and the torch/numpy worker to --isa avx2 (none
+    for native). numpy's AVX-512 dispatch targets are asked of py, since their names change
+    between numpy versions (AVX512_SKX... in 1.x, X86_V4... in 2.4)."""
+    if args.isa == "native":
+        return {}, {}
+    targets = subprocess.run([py, "-c", (
+        "try:\n from numpy._core import _multiarray_umath as m\n"
+        "except ImportError:\n from numpy.core import _multiarray_umath as m\n"
+        "print(' '.join(t for t in m.__cpu_dispatch__ if 'AVX512' in t or t == 'X86_V4'))")],
+        capture_output=True, text=True).stdout.split()
+    peer_env = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                "ONEDNN_MAX_CPU_ISA": "AVX2", "OPENBLAS_CORETYPE": "Haswell"}
+    if targets:
+        peer_env["NPY_DISABLE_CPU_FEATURES"] = " ".join(targets)
+    return {"SDPA_MAX_ISA": "avx2"}, peer_env
 
 
 def fmt(x, spec="%.1f"):
     return "-" if x is None else spec % x
 
 
-def print_table(sdpa, peers, peak):
+def isa_line(args, sdpa, peers):
+    """One line naming the ISA level each system reported, and the warnings of --isa avx2
+    for those that report more."""
+    ni = peers.get("numpy_isa", {})
+    gi = peers.get("ggml_info")
+    parts = ["sdpa %s (%s)" % (sdpa["isa"], sdpa["kernel"]),
+             "torch %s%s" % (peers["torch_isa"], " (MKL asked for AVX2)"
+                             if args.isa == "avx2" else ""),
+             "numpy %s%s" % (ni.get("numpy_simd", "?"), ", OpenBLAS %s" % ni["openblas_core"]
+                             if ni.get("openblas_core") else "")]
+    if gi:
+        parts.append("ggml %s (built with %s)" % (gi["isa"], " ".join(gi["features"])))
+    warn = []
+    if args.isa == "avx2":
+        if sdpa["isa"] != "avx2":
+            warn.append("sdpa ran %s" % sdpa["isa"])
+        if peers["torch_isa"].lower() != "avx2":
+            warn.append("torch ran %s" % peers["torch_isa"])
+        if "AVX512" in ni.get("numpy_simd", "") or ni.get("numpy_simd") == "X86_V4":
+            warn.append("numpy ran %s" % ni["numpy_simd"])
+        if gi and gi["isa"] == "avx512":
+            warn.append("ggml was built with AVX-512")
+    return "ISA level (--isa %s): %s" % (args.isa, "; ".join(parts)), warn
+
+
+def print_table(args, sdpa, peers, peak):
+    gi = peers.get("ggml_info")
     print()
-    print("sdpa %s vs torch %s and numpy %s: %d thread%s, %s, %s" % (
-        sdpa["sdpa_version"], peers["torch_version"], peers["numpy_version"], sdpa["threads"],
-        "" if sdpa["threads"] == 1 else "s", sdpa["cpu_model"], sdpa["date"]))
+    print("sdpa %s vs torch %s, numpy %s and ggml %s: %d thread%s, %s, %s" % (
+        sdpa["sdpa_version"], peers["torch_version"], peers["numpy_version"],
+        "%s (ggml-python %s)" % (gi["ggml_version"], gi["ggml_python_version"]) if gi
+        else "(not run)",
+        sdpa["threads"], "" if sdpa["threads"] == 1 else "s", sdpa["cpu_model"], sdpa["date"]))
+    line, warn = isa_line(args, sdpa, peers)
+    print(line)
     print("FP32 FMA peak measured by sdpa bench: %.1f GFLOP/s (start %.1f, end %.1f, %s loop)" % (
         peak, sdpa["peak"]["start"]["fma_gflops"], sdpa["peak"]["end"]["fma_gflops"],
         sdpa["peak"]["start"]["isa"]))
     print()
-    head = ("%-28s %9s %9s %9s %10s %8s %8s %8s"
-            % ("shape (B,H,Lq,Lk,D[,mask])", "sdpa", "torch", "numpy", "sdpa/torch",
-               "sdpa %pk", "torch %pk", "numpy %pk"))
-    print(head)
-    print("%-28s %9s %9s %9s" % ("", "GFLOP/s", "GFLOP/s", "GFLOP/s"))
+    row_fmt = "%-28s %9s %9s %9s %9s %12s %10s %9s %8s %9s %9s %8s"
+    print(row_fmt % ("shape (B,H,Lq,Lk,D[,mask])", "sdpa", "torch", "numpy", "ggml",
+                     "ggml f16 K/V", "sdpa/torch", "sdpa/ggml", "sdpa %pk", "torch %pk",
+                     "numpy %pk", "ggml %pk"))
+    print("%-28s %9s %9s %9s %9s %12s" % ("", "GFLOP/s", "GFLOP/s", "GFLOP/s", "GFLOP/s",
+                                          "GFLOP/s"))
     notes = []
+    pct = (lambda x: None if x is None or not peak else 100.0 * x / peak)
     for s, p in zip(sdpa["shapes"], peers["shapes"]):
         a = s["gflops"]
-        t = p["torch"].get("gflops")
-        n = p["numpy"].get("gflops")
+        t, n, g, h = (p.get(peer, {}).get("gflops")
+                      for peer in ("torch", "numpy", "ggml", "ggml_f16"))
         if "skipped" in p["numpy"]:
             notes.append("numpy skipped at %s: %s" % (s["spec"], p["numpy"]["skipped"]))
-        pct = (lambda x: None if x is None or not peak else 100.0 * x / peak)
-        print("%-28s %9s %9s %9s %10s %8s %8s %8s" % (
-            s["spec"], fmt(a), fmt(t), fmt(n), fmt(a / t if t else None, "%.3gx"),
-            fmt(pct(a), "%.1f%%"), fmt(pct(t), "%.1f%%"), fmt(pct(n), "%.1f%%")))
+        for peer, label in (("ggml", "ggml"), ("ggml_f16", "ggml f16 K/V")):
+            fig = p.get(peer, {})
+            if "failed" in fig:
+                notes.append("%s failed at %s: %s" % (label, s["spec"], fig["failed"]))
+            elif peer == "ggml_f16" and fig.get("max_rel_err", 0) > 1e-3:
+                notes.append("ggml f16 K/V at %s: error %.2g relative to the f16-input "
+                             "reference (ggml accumulates P V in f16 there)"
+                             % (s["spec"], fig["max_rel_err"]))
+        print(row_fmt % (
+            s["spec"], fmt(a), fmt(t), fmt(n), fmt(g), fmt(h),
+            fmt(a / t if t else None, "%.3gx"), fmt(a / g if g else None, "%.3gx"),
+            fmt(pct(a), "%.1f%%"), fmt(pct(t), "%.1f%%"), fmt(pct(n), "%.1f%%"),
+            fmt(pct(g), "%.1f%%")))
         if s["Lq"] == 1:
-            notes.append("decode %s: K and V read at sdpa %.1f, torch %s, numpy %s GB/s "
-                         "(measured read bandwidth %.1f GB/s)" % (
+            notes.append("decode %s: K and V read at sdpa %.1f, torch %s, numpy %s, ggml %s, "
+                         "ggml f16 %s GB/s (measured read bandwidth %.1f GB/s)" % (
                              s["spec"], s["gbs"], fmt(p["torch"].get("gbs")),
-                             fmt(p["numpy"].get("gbs")), sdpa["peak"]["read_gbs"]))
+                             fmt(p["numpy"].get("gbs")), fmt(p.get("ggml", {}).get("gbs")),
+                             fmt(p.get("ggml_f16", {}).get("gbs")), sdpa["peak"]["read_gbs"]))
+        if p.get("ggml_inputs_differ"):
+            notes.append("ggml at %s: its worker drew other inputs than torch's (numpy versions "
+                         "that draw differently?); same distribution, other values" % s["spec"])
         if p["torch"].get("gqa") == "expanded":
             notes.append("torch at %s: no enable_gqa in this torch, K and V expanded to Hq "
                          "heads before timing" % s["spec"])
     print()
+    if peers.get("ggml_error"):
+        notes.append("ggml: %s" % peers["ggml_error"])
     for line in notes:
         print(line)
-    print("GFLOP/s = 4*B*Hq*D*(visible pairs) / median time, the same count for all three.")
+    print("GFLOP/s = 4*B*Hq*D*(visible pairs) / median time, the same count for all of them.")
+    for w in warn:
+        print("WARNING: --isa avx2, but %s." % w)
+
+
+def run_worker(py, what, job, res, env):
+    print("$ %s %s --worker  (%s)" % (py, os.path.relpath(__file__), what), flush=True)
+    return subprocess.call([py, os.path.abspath(__file__), "--worker", job, res], env=env)
 
 
 def main():
     ap = argparse.ArgumentParser(
-        description="Time sdpa, PyTorch SDPA and the seeds' numpy code side by side.",
+        description="Time sdpa, PyTorch SDPA, the seeds' numpy code and ggml's flash "
+                    "attention side by side.",
         epilog="Shapes and presets are those of `sdpa bench`; see its --help.")
     ap.add_argument("--preset", choices=("quick", "full"), default="quick")
     ap.add_argument("--shape", action="append", default=[],
@@ -244,10 +477,17 @@ def main():
                          "replaces the preset")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="threads for every implementation (default: all CPUs)")
+    ap.add_argument("--isa", choices=("native", "avx2"), default="native",
+                    help="instruction set level of every system: what the CPU has (default), "
+                         "or AVX2 + FMA for all, also on a CPU with AVX-512")
     ap.add_argument("--sdpa", default=os.path.join(ROOT, "build", "cli", "sdpa"),
                     help="the sdpa binary (default build/cli/sdpa)")
     ap.add_argument("--python", help="an interpreter with torch 2.x and numpy; "
                                      "default: bench/peers/.venv, created on first use")
+    ap.add_argument("--ggml-python", help="an interpreter with ggml-python and numpy; default: "
+                                          "bench/peers/.venv (--isa native) or .venv-avx2, "
+                                          "created on first use")
+    ap.add_argument("--no-ggml", action="store_true", help="leave ggml out")
     ap.add_argument("--torch-index-url", default=TORCH_CPU_INDEX,
                     help="pip index for torch when filling the venv (default: the CPU wheels; "
                          "'' for PyPI)")
@@ -269,6 +509,13 @@ def main():
         sys.exit("run_peers.py: %s is not an executable; build it with `make` or pass --sdpa"
                  % args.sdpa)
 
+    # The interpreters first: filling a venv takes minutes, and should not sit between sdpa's
+    # figures and the peers'.
+    py = peers_python(args)
+    gpy = None if args.no_ggml else ggml_python(args)
+    sdpa_env, peer_env = isa_envs(args, py)
+    sdpa_env = dict(os.environ, **sdpa_env)
+
     with tempfile.TemporaryDirectory() as tmp:
         # 1. sdpa, whose JSON defines the shapes.
         out = os.path.join(tmp, "sdpa.json")
@@ -276,38 +523,56 @@ def main():
                "--reps", str(args.reps), "--warmup", str(args.warmup),
                "--min-time", str(args.min_time)]
         cmd += [a for s in args.shape for a in ("--shape", s)] or ["--preset", args.preset]
-        print("$ " + " ".join(cmd), flush=True)
-        if subprocess.call(cmd) != 0:
+        print("$ %s%s" % ("SDPA_MAX_ISA=avx2 " if args.isa == "avx2" else "", " ".join(cmd)),
+              flush=True)
+        if subprocess.call(cmd, env=sdpa_env) != 0:
             sys.exit("run_peers.py: sdpa bench failed")
         sdpa = json.load(open(out))
 
-        # 2. The peers, in their own interpreter, with the BLAS held to the same threads.
-        py = peers_python(args)
-        job = os.path.join(tmp, "job.json")
-        res = os.path.join(tmp, "peers.json")
-        json.dump({"threads": args.threads, "reps": args.reps, "warmup": args.warmup,
-                   "min_time": args.min_time, "numpy_max_bytes": args.numpy_max_gb * 1e9,
-                   "shapes": sdpa["shapes"]}, open(job, "w"))
+        # 2. torch and numpy, in their own interpreter, with the BLAS held to the same threads.
+        job = {"threads": args.threads, "reps": args.reps, "warmup": args.warmup,
+               "min_time": args.min_time, "numpy_max_bytes": args.numpy_max_gb * 1e9,
+               "isa": args.isa, "shapes": sdpa["shapes"]}
         env = dict(os.environ)
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(args.threads)
-        print("$ %s %s  (torch, numpy)" % (py, os.path.relpath(__file__)), flush=True)
-        if subprocess.call([py, os.path.abspath(__file__), "--worker", job, res], env=env) != 0:
+        job_path, res = os.path.join(tmp, "job.json"), os.path.join(tmp, "peers.json")
+        json.dump(dict(job, peers="torch,numpy"), open(job_path, "w"))
+        if run_worker(py, "torch, numpy", job_path, res, dict(env, **peer_env)) != 0:
             sys.exit("run_peers.py: the peers failed (is torch 2.x installed in %s?)" % py)
         peers = json.load(open(res))
+        peers["env"] = peer_env
 
-        # 3. The peak once more, right after the peers: the machine is shared, and a peak that
+        # 3. ggml, in a process of its own; its failure costs its columns, not the run.
+        if gpy:
+            json.dump(dict(job, peers="ggml"), open(job_path, "w"))
+            res = os.path.join(tmp, "ggml.json")
+            # numpy there only draws the inputs and computes the check's reference: one BLAS
+            # thread, so that no idle BLAS worker competes with ggml's N threads for cores.
+            rc = run_worker(gpy, "ggml", job_path, res,
+                            dict(env, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+            if rc != 0:
+                peers["ggml_error"] = "its worker failed (exit status %d; its message is " \
+                                      "above), no figures" % rc
+            else:
+                got = json.load(open(res))
+                peers["ggml_info"] = got["ggml_info"]
+                for row, g in zip(peers["shapes"], got["shapes"]):
+                    row["ggml"], row["ggml_f16"] = g["ggml"], g["ggml_f16"]
+                    row["ggml_inputs_differ"] = g["inputs_crc32"] != row["inputs_crc32"]
+
+        # 4. The peak once more, right after the peers: the machine is shared, and a peak that
         # moved tells that some figures of this run were taken while something else ran.
         after = os.path.join(tmp, "after.json")
         subprocess.check_call([args.sdpa, "bench", "--threads", str(args.threads), "--shape",
                                "1,1,16,16,8", "--reps", "1", "--warmup", "0", "--min-time", "0",
-                               "--json", after], stdout=subprocess.DEVNULL)
+                               "--json", after], stdout=subprocess.DEVNULL, env=sdpa_env)
         peers["peak_after"] = json.load(open(after))["peak"]["end"]
 
     peaks = [sdpa["peak"]["start"]["fma_gflops"] or 0, sdpa["peak"]["end"]["fma_gflops"] or 0,
              peers["peak_after"]["fma_gflops"] or 0]
     peak = max(peaks[:2])
-    print_table(sdpa, peers, peak)
+    print_table(args, sdpa, peers, peak)
     print("FMA peak after the peers: %.1f GFLOP/s." % peaks[2])
     if min(peaks) < 0.85 * max(peaks):
         print("WARNING: the FMA peaks of this run (%s GFLOP/s) differ by more than 15 %%: the "
@@ -315,7 +580,8 @@ def main():
               % ", ".join("%.0f" % x for x in peaks))
     if args.json:
         with open(args.json + ".tmp", "w") as f:
-            json.dump({"sdpa": sdpa, "peers": peers, "threads": args.threads}, f, indent=1)
+            json.dump({"sdpa": sdpa, "peers": peers, "threads": args.threads, "isa": args.isa},
+                      f, indent=1)
         os.replace(args.json + ".tmp", args.json)
     return 0
 
