@@ -60,9 +60,10 @@ typedef struct sdpa__ukernels {
 
 /* The portable table, always built. */
 extern const sdpa__ukernels sdpa__uk_generic;
-/* Its entries that other tables share where they have nothing faster: the P V that skips
- * hidden keys (also the careful P V for V tiles with NaN/Inf), the Q pack, and the scalar
- * widening and storing. */
+/* Portable entries that the tables share: the careful P V that skips hidden keys (the driver
+ * calls it, whatever the table, for a slice with hidden keys whose V holds NaN or Inf), the
+ * scalar Q pack, and the scalar widening and storing (tables with nothing faster point at
+ * them). */
 void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo);
 void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);

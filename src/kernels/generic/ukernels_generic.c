@@ -1,13 +1,34 @@
 /*
  * ukernels_generic.c — the flash micro-kernels in portable C (see ukernels.h for the
  * contract of each). Always built, always available: the fallback on CPUs without AVX2 and
- * the readable statement of what the SIMD versions must compute. expf is the C library's.
+ * the readable statement of what the SIMD versions must compute.
+ *
+ * Compiled with no ISA flags, so its speed comes from the compiler's auto-vectorisation for
+ * the baseline vector unit (SSE2 on x86-64, NEON on AArch64; 4 floats a vector): every hot
+ * loop runs along a contiguous index (query rows in Q^T and in the scores, columns in V and
+ * O) with the other indices fixed and every inner count a constant, and has no branch and no
+ * float sum along its own index (which the compiler may not reorder), except qk_few's, which
+ * keeps one sum per lane. Blocks are written with the block size in the code (four keys, four
+ * rows) rather than as a parameter, so that they vectorise whether or not the compiler
+ * inlines them (clang 14 does not).
+ *
+ * Accuracy without FMA: portable C does not contract a * b + c, so a sequential float sum
+ * rounds every product and every addition and would be less accurate than the f32 baseline
+ * that the tests hold the tables to (which uses FMA, as the SIMD tables do). The dot products
+ * here are summed in blocks of BLOCK_TERMS terms, each block's partial sum then added to the
+ * total: the error grows with BLOCK_TERMS + n / BLOCK_TERMS rather than with n.
  */
 #include "../ukernels.h"
 
 #include "../../core/half.h"
 
 #include <math.h>
+#include <string.h>
+
+/* BLOCK_TERMS: terms per partial sum of a dot product (see the file's head): in a sum of 128
+ * terms each term goes through at most 7 + 16 roundings instead of 127 (four terms measured
+ * no faster). LANES: query rows per vector of the baseline ISAs, the table's lanes. */
+enum { BLOCK_TERMS = 8, LANES = 4 };
 
 void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt,
                           int64_t ldq) {
@@ -21,60 +42,216 @@ void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, floa
     }
 }
 
-/* The dot products are accumulated in double: without FMA (portable C does not contract
- * a * b + c), a float sum of float products would be less accurate than an f32 baseline that
- * uses FMA, which is what the SIMD tables and the tests' baseline do. */
+/* sum_e x[e * incx] * y[e * incy] for e < BLOCK_TERMS, in that order: one block's partial sum
+ * of a dot product (see the file's head). */
+static inline float block_dot(const float *x, int64_t incx, const float *y, int64_t incy) {
+    float sum = x[0] * y[0];
+    for (int e = 1; e < BLOCK_TERMS; e++)
+        sum += x[e * incx] * y[e * incy];
+    return sum;
+}
+
+/* The scores of keys k0..k3 (rows s0..s3 of the scores) for all nr rows; the same for one key
+ * below. The loop over rows is the vectorised one: for each block of features its body holds
+ * the partial sums of one vector of rows in registers, reads each vector of Q once for all
+ * four keys, and finds the keys' values (the same for every row) hoisted out of it. The
+ * totals live in s. A key's score is summed in the same order by both. */
+static void qk_four(int64_t nr, int64_t dk, const float *restrict k0, const float *restrict k1,
+                    const float *restrict k2, const float *restrict k3, const float *restrict qt,
+                    int64_t ldq, float scale, float *restrict s0, float *restrict s1,
+                    float *restrict s2, float *restrict s3) {
+    for (int64_t r = 0; r < nr; r++)
+        s0[r] = s1[r] = s2[r] = s3[r] = 0.0f;
+    int64_t d = 0;
+    for (; d + BLOCK_TERMS <= dk; d += BLOCK_TERMS) {
+        const float *restrict q = qt + d * ldq;
+        for (int64_t r = 0; r < nr; r++) {
+            s0[r] += block_dot(k0 + d, 1, q + r, ldq);
+            s1[r] += block_dot(k1 + d, 1, q + r, ldq);
+            s2[r] += block_dot(k2 + d, 1, q + r, ldq);
+            s3[r] += block_dot(k3 + d, 1, q + r, ldq);
+        }
+    }
+    /* the last dk % BLOCK_TERMS features, one at a time into the totals */
+    for (; d < dk; d++)
+        for (int64_t r = 0; r < nr; r++) {
+            const float q = qt[d * ldq + r];
+            s0[r] += k0[d] * q;
+            s1[r] += k1[d] * q;
+            s2[r] += k2[d] * q;
+            s3[r] += k3[d] * q;
+        }
+    for (int64_t r = 0; r < nr; r++) {
+        s0[r] *= scale;
+        s1[r] *= scale;
+        s2[r] *= scale;
+        s3[r] *= scale;
+    }
+}
+
+static void qk_one(int64_t nr, int64_t dk, const float *restrict k0, const float *restrict qt,
+                   int64_t ldq, float scale, float *restrict s0) {
+    for (int64_t r = 0; r < nr; r++)
+        s0[r] = 0.0f;
+    int64_t d = 0;
+    for (; d + BLOCK_TERMS <= dk; d += BLOCK_TERMS) {
+        const float *restrict q = qt + d * ldq;
+        for (int64_t r = 0; r < nr; r++)
+            s0[r] += block_dot(k0 + d, 1, q + r, ldq);
+    }
+    for (; d < dk; d++)
+        for (int64_t r = 0; r < nr; r++)
+            s0[r] += k0[d] * qt[d * ldq + r];
+    for (int64_t r = 0; r < nr; r++)
+        s0[r] *= scale;
+}
+
+/* Four keys at a time share each load of Q; the last nk % 4 one at a time. */
 static void qk_generic(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
                        const float *qt, int64_t ldq, float scale, float *s, int64_t lds) {
-    enum { CHUNK = 64 };
-    double acc[CHUNK];
-    for (int64_t j = 0; j < nk; j++) {
+    int64_t j = 0;
+    for (; j + 4 <= nk; j += 4) {
         const float *k_j = k + j * ldk;
-        for (int64_t r0 = 0; r0 < nr; r0 += CHUNK) {
-            const int64_t n = nr - r0 < CHUNK ? nr - r0 : CHUNK;
-            for (int64_t r = 0; r < n; r++)
-                acc[r] = 0.0;
-            for (int64_t d = 0; d < dk; d++) {
-                const double kd = (double)k_j[d];
-                const float *qt_d = qt + d * ldq + r0;
-                for (int64_t r = 0; r < n; r++)
-                    acc[r] += kd * (double)qt_d[r];
-            }
-            for (int64_t r = 0; r < n; r++)
-                s[j * lds + r0 + r] = scale * (float)acc[r];
-        }
+        float *s_j = s + j * lds;
+        qk_four(nr, dk, k_j, k_j + ldk, k_j + 2 * ldk, k_j + 3 * ldk, qt, ldq, scale, s_j,
+                s_j + lds, s_j + 2 * lds, s_j + 3 * lds);
+    }
+    for (; j < nk; j++)
+        qk_one(nr, dk, k + j * ldk, qt, ldq, scale, s + j * lds);
+}
+
+/* The dot product of a key and a query row along their features, for qk_few: eight partial
+ * sums, one per position in a block of eight features, which GCC vectorises as a group of
+ * independent sums (a single float sum it may not: that would reorder it; clang 14 leaves
+ * this loop scalar); each step adds the products of two blocks, summed first. The partial
+ * sums are added pairwise at the end, then the last dk % 8 features in double (that loop is
+ * scalar anyway, and a short dot product, dk < 8, is then rounded once). */
+static inline float dot_few(int64_t dk, const float *restrict k, const float *restrict q) {
+    float a[8] = {0.0f};
+    int64_t d = 0;
+    for (; d + 16 <= dk; d += 16)
+        for (int i = 0; i < 8; i++)
+            a[i] += k[d + i] * q[d + i] + k[d + 8 + i] * q[d + 8 + i];
+    for (; d + 8 <= dk; d += 8)
+        for (int i = 0; i < 8; i++)
+            a[i] += k[d + i] * q[d + i];
+    double t = (double)(((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])));
+    for (; d < dk; d++)
+        t += (double)k[d] * (double)q[d];
+    return (float)t;
+}
+
+/* A decode step's few rows: qk would hoist every key's values out of a loop over rows that
+ * runs once, and spend a whole vector on rows that may be padding. */
+static void qk_few_generic(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                           const float *const *q_rows, float scale, float *s, int64_t lds) {
+    for (int64_t j = 0; j < nk; j++) {
+        float *s_j = s + j * lds;
+        for (int64_t r = 0; r < nr; r++)
+            s_j[r] = scale * dot_few(dk, k + j * ldk, q_rows[r]);
+        for (int64_t r = nr; r < LANES; r++)
+            s_j[r] = 0.0f;
     }
 }
 
+/* (h & a) | (~h & b) on the bits, for a mask h of all ones or all zeros: a choice between
+ * floats written as `c ? a : b` lets the compiler move the computation of a or b under a
+ * branch, and then (lest that computation trap) not vectorise the loop. */
+static inline float pick(uint32_t h, float a, float b) {
+    uint32_t ab, bb;
+    memcpy(&ab, &a, sizeof ab);
+    memcpy(&bb, &b, sizeof bb);
+    ab = (ab & h) | (bb & ~h);
+    memcpy(&a, &ab, sizeof a);
+    return a;
+}
+
+/* e^x in plain C that the compiler can vectorise: n = round(x / ln2) is read off the low
+ * mantissa bits of x / ln2 + 1.5 * 2^23, r = x - n ln2 (Cody-Waite, ln2 in two parts, the
+ * first short enough that n times it is exact, so |r| <= ln2/2 up to a rounding), e^r by
+ * Cephes' degree-7 polynomial (1 + r + r^2 P(r)) and 2^n built in the exponent field and
+ * multiplied in: a NaN x makes r, and so the product, NaN whatever its payload. Outside
+ * [-87, 88], where 2^n would not be a normal float, the result is replaced by e^-87 or e^88.
+ * P is evaluated by pairs of terms (Estrin) rather than by Horner's rule, and the range is
+ * tested on x beside the main computation rather than clamped before it: a loop of exps is
+ * bound by the latency of one (how many the processor keeps in flight), and the shorter
+ * chain measured 10% faster. Below e^-87 (about 1.6e-38) the error is absolute and far below
+ * anything a softmax can see; every result is a normal float, never -0.0. */
+static inline float exp_generic(float x) {
+    const uint32_t below = x < -87.0f ? 0xffffffffu : 0u;
+    const uint32_t above = x > 88.0f ? 0xffffffffu : 0u;
+    const float magic = 12582912.0f; /* 1.5 * 2^23 */
+    const float t = x * 1.44269504088896341f + magic;
+    uint32_t tb;
+    memcpy(&tb, &t, sizeof tb);
+    const float n = t - magic;
+    float r = x - n * 0.693359375f; /* ln2, 9 significant bits */
+    r = r - n * -2.12194440e-4f;    /* the rest of ln2 */
+    const float r2 = r * r;
+    const float p01 = 1.6666665459e-1f * r + 5.0000001201e-1f;
+    const float p23 = 8.3334519073e-3f * r + 4.1665795894e-2f;
+    const float p45 = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    const float p = (p45 * r2 + p23) * r2 + p01;
+    const float y = p * r2 + r + 1.0f;
+    /* (n + 127) << 23: t's bits are those of 1.5 * 2^23 plus n, for |n| < 2^22 */
+    const uint32_t eb = (tb - 0x4b400000u + 127u) << 23;
+    float two_n;
+    memcpy(&two_n, &eb, sizeof two_n);
+    return pick(below, 1.645811454e-38f, pick(above, 1.651636266e+38f, y * two_n));
+}
+
+/* Rows are taken CHUNK at a time so that their running state fits in arrays on the stack;
+ * every loop over keys then runs along the rows of one key (contiguous in s), and keeps
+ * per row what it gathers (max, sum, hidden keys) so that no loop reduces across rows. */
 static int softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
                            float *alpha) {
-    int hidden = 0;
-    for (int64_t r = 0; r < nr; r++) {
-        float mx = m[r];
+    enum { CHUNK = 128 };
+    float mx[CHUNK], u[CHUNK], sum[CHUNK];
+    uint32_t hid[CHUNK];
+    uint32_t hidden = 0;
+    for (int64_t r0 = 0; r0 < nr; r0 += CHUNK) {
+        const int64_t n = nr - r0 < CHUNK ? nr - r0 : CHUNK;
+        for (int64_t r = 0; r < n; r++)
+            mx[r] = m[r0 + r];
+        /* a NaN score need not reach the max: its own weight is NaN, and so becomes l */
         for (int64_t j = 0; j < nk; j++) {
-            const float x = s[j * lds + r];
-            mx = x > mx || isnan(x) ? x : mx; /* a NaN score makes the row NaN */
+            const float *s_j = s + j * lds + r0;
+            for (int64_t r = 0; r < n; r++)
+                mx[r] = s_j[r] > mx[r] ? s_j[r] : mx[r];
         }
-        const float u = mx == -INFINITY ? 0.0f : mx;
-        alpha[r] = expf(m[r] - u);
-        float sum = 0.0f;
+        for (int64_t r = 0; r < n; r++) {
+            u[r] = mx[r] == -INFINITY ? 0.0f : mx[r];
+            sum[r] = 0.0f;
+            hid[r] = 0;
+        }
         for (int64_t j = 0; j < nk; j++) {
-            float *x = &s[j * lds + r];
-            hidden |= *x == -INFINITY;
-            *x = *x == -INFINITY ? -0.0f : expf(*x - u);
-            sum += *x;
+            float *s_j = s + j * lds + r0;
+            for (int64_t r = 0; r < n; r++) {
+                const float x = s_j[r];
+                const uint32_t h = x == -INFINITY ? 0xffffffffu : 0u;
+                const float w = pick(h, -0.0f, exp_generic(x - u[r]));
+                s_j[r] = w;
+                sum[r] += w;
+                hid[r] |= h;
+            }
         }
-        l[r] = l[r] * alpha[r] + sum;
-        m[r] = mx;
+        /* exp(-inf) is e^-87 here, not 0: a row that has seen nothing keeps l = 0 anyway */
+        for (int64_t r = 0; r < n; r++) {
+            const float a = exp_generic(m[r0 + r] - u[r]);
+            alpha[r0 + r] = a;
+            l[r0 + r] = l[r0 + r] * a + sum[r];
+            m[r0 + r] = mx[r];
+            hidden |= hid[r];
+        }
     }
-    return hidden;
+    return hidden != 0;
 }
 
-/* Skips the weights of hidden keys (-0.0), which costs the portable code little and makes it
- * also the careful P V the driver uses when a V tile holds NaN or Inf: a hidden key is never
- * multiplied, so its 0 x NaN cannot reach the output. The tile's sum is accumulated in double
- * and added to o once: without FMA (portable C does not contract a * b + c), a float sum
- * rounding each product and each addition would be less accurate than the f32 baseline. */
+/* Skips the weights of hidden keys (-0.0), which makes it the careful P V the driver uses
+ * (whatever the table) when a V tile holds NaN or Inf: a hidden key is never multiplied, so
+ * its 0 x NaN cannot reach the output. The tile's sum is accumulated in double and added to o
+ * once: without FMA (portable C does not contract a * b + c), a float sum rounding each
+ * product and each addition would be less accurate than the f32 baseline. */
 void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     enum { CHUNK = 64 };
@@ -97,6 +274,73 @@ void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_
                 o_r[c0 + c] = (float)((double)alpha[r] * (double)o_r[c0 + c] + acc[c]);
         }
     }
+}
+
+/* P V for the four output rows o0..o3 (weights p[j * ldp + a] for row a); the same for one
+ * row below. The loop over columns is the vectorised one, holding the partial sums of one
+ * vector of columns in registers, reading each vector of V once for all four rows, with the
+ * weights (the same for every column) hoisted out of it. The totals live in o, scaled by
+ * alpha first. A row's sum is formed in the same order by both. */
+static void pv_four(int64_t nk, int64_t dv, const float *restrict p, int64_t ldp,
+                    const float *restrict alpha, const float *restrict v, int64_t ldv,
+                    float *restrict o0, float *restrict o1, float *restrict o2,
+                    float *restrict o3) {
+    for (int64_t c = 0; c < dv; c++) {
+        o0[c] *= alpha[0];
+        o1[c] *= alpha[1];
+        o2[c] *= alpha[2];
+        o3[c] *= alpha[3];
+    }
+    int64_t j = 0;
+    for (; j + BLOCK_TERMS <= nk; j += BLOCK_TERMS) {
+        const float *restrict p_j = p + j * ldp, *restrict v_j = v + j * ldv;
+        for (int64_t c = 0; c < dv; c++) {
+            o0[c] += block_dot(p_j, ldp, v_j + c, ldv);
+            o1[c] += block_dot(p_j + 1, ldp, v_j + c, ldv);
+            o2[c] += block_dot(p_j + 2, ldp, v_j + c, ldv);
+            o3[c] += block_dot(p_j + 3, ldp, v_j + c, ldv);
+        }
+    }
+    /* the last nk % BLOCK_TERMS keys, one at a time into the totals */
+    for (; j < nk; j++)
+        for (int64_t c = 0; c < dv; c++) {
+            const float v_jc = v[j * ldv + c];
+            o0[c] += p[j * ldp] * v_jc;
+            o1[c] += p[j * ldp + 1] * v_jc;
+            o2[c] += p[j * ldp + 2] * v_jc;
+            o3[c] += p[j * ldp + 3] * v_jc;
+        }
+}
+
+static void pv_one(int64_t nk, int64_t dv, const float *restrict p, int64_t ldp, float alpha,
+                   const float *restrict v, int64_t ldv, float *restrict o0) {
+    for (int64_t c = 0; c < dv; c++)
+        o0[c] *= alpha;
+    int64_t j = 0;
+    for (; j + BLOCK_TERMS <= nk; j += BLOCK_TERMS) {
+        const float *restrict p_j = p + j * ldp, *restrict v_j = v + j * ldv;
+        for (int64_t c = 0; c < dv; c++)
+            o0[c] += block_dot(p_j, ldp, v_j + c, ldv);
+    }
+    for (; j < nk; j++)
+        for (int64_t c = 0; c < dv; c++)
+            o0[c] += p[j * ldp] * v[j * ldv + c];
+}
+
+/* The generic table's P V: it multiplies every weight, hidden or not (the driver gives a tile
+ * whose V holds NaN or Inf to sdpa__pv_generic when some key is hidden). Four rows at a time
+ * share each load of V; the last nr % 4 one at a time. */
+static void pv_fast_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                            const float *alpha, const float *v, int64_t ldv, float *o,
+                            int64_t ldo) {
+    int64_t r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        float *o_r = o + r * ldo;
+        pv_four(nk, dv, p + r, ldp, alpha + r, v, ldv, o_r, o_r + ldo, o_r + 2 * ldo,
+                o_r + 3 * ldo);
+    }
+    for (; r < nr; r++)
+        pv_one(nk, dv, p + r, ldp, alpha[r], v, ldv, o + r * ldo);
 }
 
 void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride, float *dst) {
@@ -127,12 +371,12 @@ void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale,
 
 const sdpa__ukernels sdpa__uk_generic = {
     .name = "generic",
-    .lanes = 8,
+    .lanes = LANES,
     .pack_q = sdpa__pack_q_generic,
     .qk = qk_generic,
-    .qk_few = NULL,
+    .qk_few = qk_few_generic,
     .softmax = softmax_generic,
-    .pv = sdpa__pv_generic,
+    .pv = pv_fast_generic,
     .load_row = sdpa__load_row_generic,
     .store_row = sdpa__store_row_generic,
 };
