@@ -296,8 +296,9 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
  * of columns starting at o and v; the last vector is limited by `last` (a lane mask). */
-INLINE void pv_block(int mr, int nv, __mmask16 last, int64_t nk, const float *p, int64_t ldp,
-                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_block(int mr, int nv, int pf, __mmask16 last, int64_t nk, const float *p,
+                     int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
+                     int64_t ldo) {
     __m512 acc[12][4];
     for (int a = 0; a < mr; a++) {
         const __m512 al = _mm512_set1_ps(alpha[a]);
@@ -307,6 +308,9 @@ INLINE void pv_block(int mr, int nv, __mmask16 last, int64_t nk, const float *p,
     }
     for (int64_t j = 0; j < nk; j++) {
         __m512 vv[4];
+        if (pf) /* the same columns of the next slice's row j (see pv_avx512) */
+            for (int c = 0; c < nv; c++)
+                _mm_prefetch((const char *)(v + (j + nk) * ldv + 16 * c), _MM_HINT_T0);
         for (int c = 0; c < nv; c++)
             vv[c] = _mm512_maskz_loadu_ps(c == nv - 1 ? last : 0xffff, v + j * ldv + 16 * c);
         for (int a = 0; a < mr; a++) {
@@ -321,23 +325,24 @@ INLINE void pv_block(int mr, int nv, __mmask16 last, int64_t nk, const float *p,
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int64_t n, int nv, __mmask16 last, int64_t nk, const float *p, int64_t ldp,
-                    const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_tail(int64_t n, int nv, int pf, __mmask16 last, int64_t nk, const float *p,
+                    int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
+                    int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(1, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(1, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 2:
-        pv_block(2, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(2, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 3:
-        pv_block(3, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(3, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 4:
-        pv_block(4, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(4, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 5:
-        pv_block(5, nv, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(5, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     default:
         break;
@@ -345,37 +350,50 @@ INLINE void pv_tail(int64_t n, int nv, __mmask16 last, int64_t nk, const float *
 }
 
 /* All rows for nv vectors of columns: 6 rows at a time, then the row tail in one block. */
-INLINE void pv_cols(int nv, __mmask16 last, int64_t nk, int64_t nr, const float *p, int64_t ldp,
-                    const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_cols(int nv, int pf, __mmask16 last, int64_t nk, int64_t nr, const float *p,
+                    int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
+                    int64_t ldo) {
     int64_t r = 0;
     for (; r + 6 <= nr; r += 6)
-        pv_block(6, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
-    pv_tail(nr - r, nv, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+        pv_block(6, nv, pf, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+    pv_tail(nr - r, nv, pf, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
 }
 
-static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
-                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+/* P V over the columns in blocks of up to 64, each block a pass over the keys. With `pf` (a
+ * decode step's few rows), each pass also requests its columns of the next slice's rows,
+ * which follow these in V when V is read in place: the next slice's V is asked for spread
+ * over this one's work (as in the AVX2 table; a prefetch past the end of V never faults). */
+INLINE void pv_all(int pf, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                   const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     int64_t c = 0;
     for (; c + 64 <= dv; c += 64)
-        pv_cols(4, 0xffff, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(4, pf, 0xffff, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
     const int64_t rest = dv - c;
     if (rest == 0)
         return;
     const __mmask16 last = (__mmask16)(rest % 16 == 0 ? 0xffff : (1u << (rest % 16)) - 1u);
     switch ((rest + 15) / 16) {
     case 4:
-        pv_cols(4, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(4, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         break;
     case 3:
-        pv_cols(3, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(3, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         break;
     case 2:
-        pv_cols(2, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(2, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         break;
     default:
-        pv_cols(1, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(1, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         break;
     }
+}
+
+static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    if (nr <= SDPA__FEW_ROWS)
+        pv_all(1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    else
+        pv_all(0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx512 = {
