@@ -291,7 +291,8 @@ typedef struct sdpa_params {
  * window_right to 0. A BOOL mask further hides
  * key j from query i where mask[b, h, i, j] == 0 (nonzero = may attend: PyTorch's polarity).
  * An additive mask of -inf hides the key the same way. An invisible key has no effect at all
- * on row i, even if its K or V holds NaN or Inf.
+ * on row i, even if its K or V holds NaN or Inf: row i is bitwise what it would be if that
+ * key's K and V held any finite numbers (up to the sign of an output that is zero).
  *
  * Output. O_i = sum_j p_ij v_j with p_ij = exp(s_ij - LSE_i) over the visible keys, and
  * LSE_i = log(sum_j exp(s_ij)) (natural log). Every sum is accumulated in at least f32;

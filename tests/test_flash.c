@@ -155,6 +155,85 @@ static void test_few_rows(void) {
             }
 }
 
+/* A hidden key has no effect at all: with NaN and Inf in the K and V rows of keys that the
+ * window, the causal rule or a -inf mask hide, every output is bitwise what it is when those
+ * rows hold ordinary numbers, at every level (the careful P V that such slices take must add
+ * exactly what the fast one adds). Rows 0..3 of V also hold NaN where row i sees them, so
+ * the careful path runs on slices with visible keys too. */
+static void test_hidden_keys_bitwise(void) {
+    enum { L = 150, D = 40 };
+    tu_rng r = {11};
+    for (int variant = 0; variant < 2; variant++) {
+        tu_problem clean = tu_problem_new((tu_dims){1, 4, 2, L, L, D, D}, &r);
+        clean.p.causal = 1;
+        clean.p.use_window = 1;
+        clean.p.window_left = 37;
+        tu_tensor mask = tu_alloc(SDPA_F32, 1, 1, L, L, TU_BHLD, 0, 0);
+        if (variant == 1) { /* and a -inf additive mask hiding every 5th key */
+            for (int i = 0; i < L; i++)
+                for (int j = 0; j < L; j++)
+                    tu_set(&mask.t, 0, 0, i, j, j % 5 == 2 ? -INFINITY : 0.0);
+            clean.p.mask = &mask.t;
+        }
+        tu_problem dirty = tu_problem_new((tu_dims){1, 4, 2, L, L, D, D}, &r);
+        dirty.p = clean.p;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < L; j++)
+                for (int d = 0; d < D; d++) {
+                    tu_set(&dirty.q.t, 0, 2 * h, j, d, tu_get(&clean.q.t, 0, 2 * h, j, d));
+                    tu_set(&dirty.q.t, 0, 2 * h + 1, j, d, tu_get(&clean.q.t, 0, 2 * h + 1, j, d));
+                    tu_set(&dirty.k.t, 0, h, j, d, tu_get(&clean.k.t, 0, h, j, d));
+                    tu_set(&dirty.v.t, 0, h, j, d, tu_get(&clean.v.t, 0, h, j, d));
+                }
+        /* keys 140..149 are hidden from every row below 140 by the causal rule, and keys j
+         * from rows past j + 37 by the window; key 77 (and, with the mask, every key 5n + 2)
+         * is poisoned in both heads: the rows that see it go NaN, all others must be equal */
+        for (int h = 0; h < 2; h++)
+            for (int d = 0; d < D; d++) {
+                tu_set(&dirty.v.t, 0, h, 77, d, d % 2 ? NAN : INFINITY);
+                tu_set(&dirty.k.t, 0, h, 77, d, NAN);
+                if (variant == 1)
+                    for (int j = 2; j < L; j += 5) {
+                        tu_set(&dirty.v.t, 0, h, j, d, NAN);
+                        tu_set(&dirty.k.t, 0, h, j, d, -INFINITY);
+                    }
+            }
+        tu_impl impls[TU_MAX_IMPLS];
+        const int n_impls = tu_impls(impls);
+        for (int t = 0; t < n_impls; t++) {
+            if (!impls[t].runs)
+                continue;
+            sdpa_ctx *ctx = tu_ctx(0, impls[t].level);
+            CHECK_INT_EQ(tu_problem_forward(ctx, &clean), SDPA_OK);
+            CHECK_INT_EQ(tu_problem_forward(ctx, &dirty), SDPA_OK);
+            int differ = 0, not_nan = 0;
+            for (int h = 0; h < 4; h++)
+                for (int i = 0; i < L; i++) {
+                    /* without the mask, rows 77..114 see key 77; with it, nobody does */
+                    const int sees77 = variant == 0 && i >= 77 && i <= 77 + 37;
+                    for (int d = 0; d < D; d++) {
+                        const float a = (float)tu_get(&clean.o.t, 0, h, i, d);
+                        const float b = (float)tu_get(&dirty.o.t, 0, h, i, d);
+                        if (sees77)
+                            not_nan += !isnan(b);
+                        else
+                            differ += memcmp(&a, &b, sizeof a) != 0;
+                    }
+                }
+            CHECK_MSG(differ == 0,
+                      "[%s] variant %d: %d outputs of rows that see no poisoned key differ from "
+                      "the clean run",
+                      impls[t].name, variant, differ);
+            CHECK_MSG(not_nan == 0, "[%s] %d outputs of rows that see key 77 are not NaN",
+                      impls[t].name, not_nan);
+            sdpa_ctx_destroy(ctx);
+        }
+        tu_problem_free(&clean);
+        tu_problem_free(&dirty);
+        tu_free(&mask);
+    }
+}
+
 /* NaN and Inf in the K/V of keys hidden inside a tile (sliding window, bool mask) must not
  * reach any output; NaN in a visible V reaches exactly its column; at every level. */
 static void test_nan_inside_tiles(void) {
@@ -230,4 +309,5 @@ static void test_thread_determinism(void) {
 }
 
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_tile_boundaries), CASE(test_few_rows),
-           CASE(test_nan_inside_tiles), CASE(test_thread_determinism))
+           CASE(test_hidden_keys_bitwise), CASE(test_nan_inside_tiles),
+           CASE(test_thread_determinism))

@@ -17,7 +17,8 @@
  *
  * The contract's corner cases: hidden scores are set to -inf before the softmax, which turns
  * them into -0.0 weights; when a slice has hidden keys and its V holds a NaN or an Inf, P V is
- * done by a careful loop that skips those -0.0 weights, so a hidden key never lets 0 * NaN in. A
+ * done by the table's careful variant, which adds nothing for those -0.0 weights and is
+ * otherwise bitwise the fast one, so a hidden key never lets 0 * NaN in, nor moves a bit. A
  * row that saw no key ends with l = 0 and is written as O = 0, LSE = -inf.
  */
 #include "flash.h"
@@ -283,7 +284,7 @@ static void flash_task(void *arg, int64_t task, int worker) {
                 tile_rows(uk, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
             float *o0 = o + r0 * pl->dvp;
             if (hidden && has_nonfinite(vt, nk, ldv, p->Dv))
-                sdpa__pv_generic(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
+                uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             else
                 uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
         }

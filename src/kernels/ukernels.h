@@ -49,6 +49,12 @@ typedef struct sdpa__ukernels {
      * for r < nr (not padded), c < dv. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,
                const float *v, int64_t ldv, float *o, int64_t ldo);
+    /* pv for a slice where the softmax hid some key and whose V holds a NaN or an Inf: a zero
+     * weight (a hidden key's -0.0) adds nothing, whatever its v row holds, and every result
+     * is otherwise bitwise what pv gives when those rows are finite (the same operations in
+     * the same order): a hidden key has no effect at all, not even a rounding. */
+    void (*pv_careful)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo);
     /* Widening: dst[c] = src[c * stride] for c < n, where src holds elements of type elem
      * (enum sdpa__elem), exactly (every f16 and bf16 value is an f32). */
     void (*load_row)(int elem, int64_t n, const void *src, int64_t stride, float *dst);
@@ -60,12 +66,8 @@ typedef struct sdpa__ukernels {
 
 /* The portable table, always built. */
 extern const sdpa__ukernels sdpa__uk_generic;
-/* Portable entries that the tables share: the careful P V that skips hidden keys (the driver
- * calls it, whatever the table, for a slice with hidden keys whose V holds NaN or Inf), the
- * scalar Q pack, and the scalar widening and storing (tables with nothing faster point at
- * them). */
-void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
-                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo);
+/* Portable entries that the tables share where they have nothing faster: the scalar Q pack,
+ * and the scalar widening and storing. */
 void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);
 void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride, float *dst);
 void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,

@@ -330,9 +330,9 @@ INLINE void store_cols(int masked, __m256i last, float *x, __m256 y) {
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
  * of columns; with `masked`, the last vector is limited to the lanes of `last`. */
-INLINE void pv_block(int mr, int nv, int masked, int pf, __m256i last, int64_t nk, const float *p,
-                     int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
-                     int64_t ldo) {
+INLINE void pv_block(int mr, int nv, int masked, int pf, int careful, __m256i last, int64_t nk,
+                     const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
+                     float *o, int64_t ldo) {
     __m256 acc[6][2];
     for (int a = 0; a < mr; a++) {
         const __m256 al = _mm256_broadcast_ss(alpha + a);
@@ -348,8 +348,13 @@ INLINE void pv_block(int mr, int nv, int masked, int pf, __m256i last, int64_t n
             vv[c] = load_cols(masked && c == nv - 1, last, v + j * ldv + 8 * c);
         for (int a = 0; a < mr; a++) {
             const __m256 pb = _mm256_broadcast_ss(p + j * ldp + a);
+            /* careful: a zero weight multiplies 0 instead of v, which adds +-0 as it would
+             * for a finite v, and not NaN */
+            const __m256 hidden =
+                careful ? _mm256_cmp_ps(pb, _mm256_setzero_ps(), _CMP_EQ_OQ) : _mm256_setzero_ps();
             for (int c = 0; c < nv; c++)
-                acc[a][c] = _mm256_fmadd_ps(pb, vv[c], acc[a][c]);
+                acc[a][c] = _mm256_fmadd_ps(pb, careful ? _mm256_andnot_ps(hidden, vv[c]) : vv[c],
+                                            acc[a][c]);
         }
     }
     for (int a = 0; a < mr; a++)
@@ -358,37 +363,39 @@ INLINE void pv_block(int mr, int nv, int masked, int pf, __m256i last, int64_t n
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int64_t n, int nv, int masked, int pf, __m256i last, int64_t nk, const float *p,
-                    int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
-                    int64_t ldo) {
+INLINE void pv_tail(int64_t n, int nv, int masked, int pf, int careful, __m256i last, int64_t nk,
+                    const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
+                    float *o, int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(1, nv, masked, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(1, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 2:
-        pv_block(2, nv, masked, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(2, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 3:
-        pv_block(3, nv, masked, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(3, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 4:
-        pv_block(4, nv, masked, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(4, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 5:
-        pv_block(5, nv, masked, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(5, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     default:
         break;
     }
 }
 
-INLINE void pv_cols(int nv, int masked, int pf, __m256i last, int64_t nk, int64_t nr,
+INLINE void pv_cols(int nv, int masked, int pf, int careful, __m256i last, int64_t nk, int64_t nr,
                     const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
                     float *o, int64_t ldo) {
     int64_t r = 0;
     for (; r + 6 <= nr; r += 6)
-        pv_block(6, nv, masked, pf, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
-    pv_tail(nr - r, nv, masked, pf, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+        pv_block(6, nv, masked, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo,
+                 ldo);
+    pv_tail(nr - r, nv, masked, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo,
+            ldo);
 }
 
 /* P V over the columns in blocks of 16, each block a pass over the keys. With `pf` (a decode
@@ -396,17 +403,18 @@ INLINE void pv_cols(int nv, int masked, int pf, __m256i last, int64_t nk, int64_
  * follow these in V when V is read in place, so the next slice's V is asked for spread over
  * this one's work rather than in a burst that would stall the loads behind it (a prefetch
  * past the end of V never faults). */
-INLINE void pv_all(int pf, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
-                   const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_all(int pf, int careful, int64_t nk, int64_t nr, int64_t dv, const float *p,
+                   int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
+                   int64_t ldo) {
     const __m256i none = _mm256_setzero_si256();
     int64_t c = 0;
     for (; c + 16 <= dv; c += 16)
-        pv_cols(2, 0, pf, none, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(2, 0, pf, careful, none, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
     const int64_t rest = dv - c;
     if (rest == 0)
         return;
     if (rest == 8) {
-        pv_cols(1, 0, pf, none, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(1, 0, pf, careful, none, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         return;
     }
     /* lanes below rest % 8 (or all 8) of the last vector */
@@ -414,17 +422,24 @@ INLINE void pv_all(int pf, int64_t nk, int64_t nr, int64_t dv, const float *p, i
     const __m256i last =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(keep), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     if (rest > 8)
-        pv_cols(2, 1, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(2, 1, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
     else
-        pv_cols(1, 1, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(1, 1, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
 }
 
 static void pv_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     if (nr <= SDPA__FEW_ROWS)
-        pv_all(1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
     else
-        pv_all(0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+}
+
+/* The same blocks and order as pv_avx2 (prefetching changes no result). */
+static void pv_careful_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                            const float *alpha, const float *v, int64_t ldv, float *o,
+                            int64_t ldo) {
+    pv_all(0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx2 = {
@@ -435,6 +450,7 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .qk_few = qk_few_avx2,
     .softmax = softmax_avx2,
     .pv = pv_avx2,
+    .pv_careful = pv_careful_avx2,
     .load_row = sdpa__load_row_generic,
     .store_row = sdpa__store_row_generic,
 };

@@ -296,9 +296,9 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
  * of columns starting at o and v; the last vector is limited by `last` (a lane mask). */
-INLINE void pv_block(int mr, int nv, int pf, __mmask16 last, int64_t nk, const float *p,
-                     int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
-                     int64_t ldo) {
+INLINE void pv_block(int mr, int nv, int pf, int careful, __mmask16 last, int64_t nk,
+                     const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
+                     float *o, int64_t ldo) {
     __m512 acc[12][4];
     for (int a = 0; a < mr; a++) {
         const __m512 al = _mm512_set1_ps(alpha[a]);
@@ -315,8 +315,16 @@ INLINE void pv_block(int mr, int nv, int pf, __mmask16 last, int64_t nk, const f
             vv[c] = _mm512_maskz_loadu_ps(c == nv - 1 ? last : 0xffff, v + j * ldv + 16 * c);
         for (int a = 0; a < mr; a++) {
             const __m512 pb = _mm512_set1_ps(p[j * ldp + a]);
-            for (int c = 0; c < nv; c++)
-                acc[a][c] = _mm512_fmadd_ps(pb, vv[c], acc[a][c]);
+            if (careful) {
+                /* a zero weight leaves acc as it is, which is what adding its +-0 product
+                 * with a finite v does, and lets no NaN in */
+                const __mmask16 seen = _mm512_cmp_ps_mask(pb, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+                for (int c = 0; c < nv; c++)
+                    acc[a][c] = _mm512_mask3_fmadd_ps(pb, vv[c], acc[a][c], seen);
+            } else {
+                for (int c = 0; c < nv; c++)
+                    acc[a][c] = _mm512_fmadd_ps(pb, vv[c], acc[a][c]);
+            }
         }
     }
     for (int a = 0; a < mr; a++)
@@ -325,24 +333,24 @@ INLINE void pv_block(int mr, int nv, int pf, __mmask16 last, int64_t nk, const f
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int64_t n, int nv, int pf, __mmask16 last, int64_t nk, const float *p,
-                    int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
-                    int64_t ldo) {
+INLINE void pv_tail(int64_t n, int nv, int pf, int careful, __mmask16 last, int64_t nk,
+                    const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
+                    float *o, int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(1, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(1, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 2:
-        pv_block(2, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(2, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 3:
-        pv_block(3, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(3, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 4:
-        pv_block(4, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(4, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 5:
-        pv_block(5, nv, pf, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(5, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     default:
         break;
@@ -350,40 +358,41 @@ INLINE void pv_tail(int64_t n, int nv, int pf, __mmask16 last, int64_t nk, const
 }
 
 /* All rows for nv vectors of columns: 6 rows at a time, then the row tail in one block. */
-INLINE void pv_cols(int nv, int pf, __mmask16 last, int64_t nk, int64_t nr, const float *p,
-                    int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
-                    int64_t ldo) {
+INLINE void pv_cols(int nv, int pf, int careful, __mmask16 last, int64_t nk, int64_t nr,
+                    const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
+                    float *o, int64_t ldo) {
     int64_t r = 0;
     for (; r + 6 <= nr; r += 6)
-        pv_block(6, nv, pf, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
-    pv_tail(nr - r, nv, pf, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+        pv_block(6, nv, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+    pv_tail(nr - r, nv, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
 }
 
 /* P V over the columns in blocks of up to 64, each block a pass over the keys. With `pf` (a
  * decode step's few rows), each pass also requests its columns of the next slice's rows,
  * which follow these in V when V is read in place: the next slice's V is asked for spread
  * over this one's work (as in the AVX2 table; a prefetch past the end of V never faults). */
-INLINE void pv_all(int pf, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
-                   const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_all(int pf, int careful, int64_t nk, int64_t nr, int64_t dv, const float *p,
+                   int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
+                   int64_t ldo) {
     int64_t c = 0;
     for (; c + 64 <= dv; c += 64)
-        pv_cols(4, pf, 0xffff, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(4, pf, careful, 0xffff, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
     const int64_t rest = dv - c;
     if (rest == 0)
         return;
     const __mmask16 last = (__mmask16)(rest % 16 == 0 ? 0xffff : (1u << (rest % 16)) - 1u);
     switch ((rest + 15) / 16) {
     case 4:
-        pv_cols(4, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(4, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         break;
     case 3:
-        pv_cols(3, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(3, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         break;
     case 2:
-        pv_cols(2, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(2, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         break;
     default:
-        pv_cols(1, pf, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(1, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
         break;
     }
 }
@@ -391,9 +400,16 @@ INLINE void pv_all(int pf, int64_t nk, int64_t nr, int64_t dv, const float *p, i
 static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     if (nr <= SDPA__FEW_ROWS)
-        pv_all(1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
     else
-        pv_all(0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+}
+
+/* The same blocks and order as pv_avx512 (prefetching changes no result). */
+static void pv_careful_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                              const float *alpha, const float *v, int64_t ldv, float *o,
+                              int64_t ldo) {
+    pv_all(0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx512 = {
@@ -404,6 +420,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .qk_few = qk_few_avx512,
     .softmax = softmax_avx512,
     .pv = pv_avx512,
+    .pv_careful = pv_careful_avx512,
     .load_row = sdpa__load_row_generic,
     .store_row = sdpa__store_row_generic,
 };

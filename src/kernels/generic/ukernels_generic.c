@@ -247,35 +247,6 @@ static int softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float 
     return hidden != 0;
 }
 
-/* Skips the weights of hidden keys (-0.0), which makes it the careful P V the driver uses
- * (whatever the table) when a V tile holds NaN or Inf: a hidden key is never multiplied, so
- * its 0 x NaN cannot reach the output. The tile's sum is accumulated in double and added to o
- * once: without FMA (portable C does not contract a * b + c), a float sum rounding each
- * product and each addition would be less accurate than the f32 baseline. */
-void sdpa__pv_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
-                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    enum { CHUNK = 64 };
-    double acc[CHUNK];
-    for (int64_t r = 0; r < nr; r++) {
-        float *o_r = o + r * ldo;
-        for (int64_t c0 = 0; c0 < dv; c0 += CHUNK) {
-            const int64_t n = dv - c0 < CHUNK ? dv - c0 : CHUNK;
-            for (int64_t c = 0; c < n; c++)
-                acc[c] = 0.0;
-            for (int64_t j = 0; j < nk; j++) {
-                const float pj = p[j * ldp + r];
-                if (pj == 0.0f && signbit(pj))
-                    continue;
-                const float *v_j = v + j * ldv + c0;
-                for (int64_t c = 0; c < n; c++)
-                    acc[c] += (double)pj * (double)v_j[c];
-            }
-            for (int64_t c = 0; c < n; c++)
-                o_r[c0 + c] = (float)((double)alpha[r] * (double)o_r[c0 + c] + acc[c]);
-        }
-    }
-}
-
 /* P V for the four output rows o0..o3 (weights p[j * ldp + a] for row a); the same for one
  * row below. The loop over columns is the vectorised one, holding the partial sums of one
  * vector of columns in registers, reading each vector of V once for all four rows, with the
@@ -328,7 +299,7 @@ static void pv_one(int64_t nk, int64_t dv, const float *restrict p, int64_t ldp,
 }
 
 /* The generic table's P V: it multiplies every weight, hidden or not (the driver gives a tile
- * whose V holds NaN or Inf to sdpa__pv_generic when some key is hidden). Four rows at a time
+ * whose V holds NaN or Inf to pv_careful_generic when some key is hidden). Four rows at a time
  * share each load of V; the last nr % 4 one at a time. */
 static void pv_fast_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                             const float *alpha, const float *v, int64_t ldv, float *o,
@@ -341,6 +312,37 @@ static void pv_fast_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, 
     }
     for (; r < nr; r++)
         pv_one(nk, dv, p + r, ldp, alpha[r], v, ldv, o + r * ldo);
+}
+
+/* block_dot for pv_careful_generic: a zero weight x multiplies 0 instead of y. */
+static inline float block_dot_careful(const float *x, int64_t incx, const float *y, int64_t incy) {
+    float sum = x[0] * (x[0] == 0.0f ? 0.0f : y[0]);
+    for (int e = 1; e < BLOCK_TERMS; e++)
+        sum += x[e * incx] * (x[e * incx] == 0.0f ? 0.0f : y[e * incy]);
+    return sum;
+}
+
+/* The careful P V (ukernels.h): per output, the operations of pv_four and pv_one in their
+ * order, with a zero weight's v read as 0, so that its +-0 product adds what it adds for a
+ * finite v and no NaN. Used only for slices with hidden keys and NaN or Inf in V: written
+ * for exactness, not speed. */
+static void pv_careful_generic(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                               const float *alpha, const float *v, int64_t ldv, float *o,
+                               int64_t ldo) {
+    for (int64_t r = 0; r < nr; r++) {
+        float *o_r = o + r * ldo;
+        for (int64_t c = 0; c < dv; c++)
+            o_r[c] *= alpha[r];
+        int64_t j = 0;
+        for (; j + BLOCK_TERMS <= nk; j += BLOCK_TERMS)
+            for (int64_t c = 0; c < dv; c++)
+                o_r[c] += block_dot_careful(p + j * ldp + r, ldp, v + j * ldv + c, ldv);
+        for (; j < nk; j++) {
+            const float w = p[j * ldp + r];
+            for (int64_t c = 0; c < dv; c++)
+                o_r[c] += w * (w == 0.0f ? 0.0f : v[j * ldv + c]);
+        }
+    }
 }
 
 void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride, float *dst) {
@@ -377,6 +379,7 @@ const sdpa__ukernels sdpa__uk_generic = {
     .qk_few = qk_few_generic,
     .softmax = softmax_generic,
     .pv = pv_fast_generic,
+    .pv_careful = pv_careful_generic,
     .load_row = sdpa__load_row_generic,
     .store_row = sdpa__store_row_generic,
 };
