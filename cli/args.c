@@ -71,7 +71,13 @@ int cli_parse_float(const char *s, float *out) {
     char *end;
     errno = 0;
     const float v = strtof(s, &end);
-    if (errno != 0 || *end != '\0' || !isfinite(v))
+    if (*end != '\0' || end == s)
+        return -1;
+    const int range = errno == ERANGE;
+    /* strtof reports ERANGE for a subnormal result too, which f32 does hold */
+    if (range && (v == 0.0f || !isfinite(v)))
+        return -2;
+    if (!isfinite(v)) /* "inf", "nan" */
         return -1;
     *out = v;
     return 0;

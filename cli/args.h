@@ -32,7 +32,9 @@ int cli_option_value(int argc, char **argv, int *i, const char *opt, const char 
  * @return 0 and sets *out, or -1 (also for NULL). */
 int cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
 
-/* A whole finite number. @return 0 and sets *out, or -1 (also for NULL). */
+/* A whole number, as an f32. Subnormal values are taken (1e-40 is a valid tiny number).
+ * @return 0 and sets *out; -1 if s is not a number (also for NULL, inf and nan); -2 if it is
+ *         one that f32 cannot hold: beyond about 3.4e38, or so small that it rounds to 0. */
 int cli_parse_float(const char *s, float *out);
 
 #endif

@@ -116,8 +116,15 @@ static int parse_args(int argc, char **argv, run_args *a) {
         }
         if (strcmp(opt, "--causal") == 0) {
             a->p.causal = 1;
-            if (i + 1 < argc && parse_align(argv[i + 1], &a->p.align) == 0)
+            /* its value is optional: anything but an option after it is meant as one */
+            if (i + 1 < argc && argv[i + 1][0] != '-') {
+                if (parse_align(argv[i + 1], &a->p.align) != 0)
+                    return cli_usage_error("run",
+                                           "--causal %s: expected top-left or bottom-right (or "
+                                           "nothing, for top-left)",
+                                           argv[i + 1]);
                 i++;
+            }
             continue;
         }
         const char **file = NULL;
@@ -145,24 +152,43 @@ static int parse_args(int argc, char **argv, run_args *a) {
             if (parse_align(val, &a->p.align) != 0)
                 return cli_usage_error("run", "--align %s: expected top-left or bottom-right", val);
         } else if (strcmp(opt, "--window") == 0) {
-            char buf[64];
-            snprintf(buf, sizeof buf, "%s", val);
-            char *comma = strchr(buf, ',');
+            /* L is parsed from a copy of the whole of it (a fixed buffer once cut a long
+             * argument short and ran with another value) */
+            const char *comma = strchr(val, ',');
             if (comma == NULL)
                 return cli_usage_error("run", "--window %s: expected L,R (e.g. 128,0; -1 = open)",
                                        val);
-            *comma = '\0';
-            if (cli_parse_int(buf, INT64_MIN, INT64_MAX, &a->p.window_left) != 0 ||
-                cli_parse_int(comma + 1, INT64_MIN, INT64_MAX, &a->p.window_right) != 0 ||
-                a->p.window_left < -1 || a->p.window_right < -1)
+            char left[32];
+            const size_t n = (size_t)(comma - val);
+            int bad = n >= sizeof left;
+            if (!bad) {
+                memcpy(left, val, n);
+                left[n] = '\0';
+                bad = cli_parse_int(left, INT64_MIN, INT64_MAX, &a->p.window_left) != 0 ||
+                      cli_parse_int(comma + 1, INT64_MIN, INT64_MAX, &a->p.window_right) != 0 ||
+                      a->p.window_left < -1 || a->p.window_right < -1;
+            }
+            if (bad)
                 return cli_usage_error("run", "--window %s: L and R must be integers >= -1", val);
             a->p.use_window = 1;
         } else if (strcmp(opt, "--scale") == 0) {
-            if (cli_parse_float(val, &a->p.scale) != 0 || a->p.scale == 0.0f)
+            const int rc = cli_parse_float(val, &a->p.scale);
+            if (rc == -2)
+                return cli_usage_error("run",
+                                       "--scale %s: out of f32's range (its magnitude "
+                                       "must be about 1.4e-45 to 3.4e38)",
+                                       val);
+            if (rc != 0 || a->p.scale == 0.0f)
                 return cli_usage_error("run", "--scale %s: expected a finite, non-zero number",
                                        val);
         } else if (strcmp(opt, "--softcap") == 0) {
-            if (cli_parse_float(val, &a->p.softcap) != 0 || a->p.softcap <= 0.0f)
+            const int rc = cli_parse_float(val, &a->p.softcap);
+            if (rc == -2)
+                return cli_usage_error("run",
+                                       "--softcap %s: out of f32's range (about 1.4e-45 "
+                                       "to 3.4e38)",
+                                       val);
+            if (rc != 0 || a->p.softcap <= 0.0f)
                 return cli_usage_error("run", "--softcap %s: expected a positive number", val);
         } else if (strcmp(opt, "--threads") == 0) {
             int64_t n;
@@ -194,7 +220,7 @@ static int load_input(input *in, const char *path, int bf16, int min_rank, const
     if (in->a.ndim < min_rank || in->a.ndim > 4) {
         char s[NPY_SHAPE_CHARS];
         npy_format_shape(s, sizeof s, in->a.ndim, in->a.shape);
-        fprintf(stderr, "sdpa run: %s: %s has rank %d, shape %s; expected rank %d to 4\n", path,
+        fprintf(stderr, "sdpa run: %s (%s) has rank %d, shape %s; expected rank %d to 4\n", path,
                 what, in->a.ndim, s, min_rank);
         return CLI_RUNTIME;
     }
@@ -321,8 +347,17 @@ int cli_run(int argc, char **argv) {
     const int64_t B = q.t.shape[0], Hq = q.t.shape[1], Lq = q.t.shape[2];
     const int64_t Lk = k.t.shape[2], Dv = v.t.shape[3];
     if (a.mask != NULL) {
-        if (load_input(&mask, a.mask, 0, 1, "the mask"))
+        /* read as bf16 where it is 2-byte raw, only to say what to do instead: --dtype bf16
+         * applies to Q, K and V, and no mask is bf16 */
+        if (load_input(&mask, a.mask, 1, 1, "the mask"))
             goto done;
+        if (mask.a.dtype == SDPA_BF16) {
+            fprintf(stderr,
+                    "sdpa run: %s: a mask of 2-byte raw values (bfloat16) cannot be read; save a "
+                    "keep-mask as bool (mask.astype(bool)) or an additive one as <f4 or <f2\n",
+                    a.mask);
+            goto done;
+        }
         const int64_t want[4] = {B, Hq, Lq, Lk};
         for (int d = 0; d < 4; d++)
             if (mask.t.shape[d] != 1 && mask.t.shape[d] != want[d]) {

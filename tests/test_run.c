@@ -203,6 +203,18 @@ static void test_every_parameter(void) {
     p.window_left = p.window_right = 1;
     p.align = SDPA_ALIGN_BOTTOM_RIGHT;
     check_out("--window 1,1 --align bottom-right", &p, 1e-5);
+    /* an R longer than any fixed buffer is taken whole (it was once cut to 63 characters
+     * and run as R = 0) */
+    memset(&p, 0, sizeof p);
+    CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --align bottom-right --window "
+                     "1,00000000000000000000000000000000000000000000000000000000000000000000002 "
+                     "--out out.npy"),
+                 0);
+    p.use_window = 1;
+    p.window_left = 1;
+    p.window_right = 2;
+    p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    check_out("--window 1,000...0002", &p, 1e-5);
     memset(&p, 0, sizeof p);
     CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --window -1,0 --out out.npy"), 0);
     p.use_window = 1;
@@ -214,6 +226,11 @@ static void test_every_parameter(void) {
     p.scale = 0.5f;
     p.softcap = 3.0f;
     check_out("--scale --softcap", &p, 1e-5);
+    /* a subnormal softcap is a number f32 holds: taken, not called "not positive" */
+    memset(&p, 0, sizeof p);
+    CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --softcap 1e-40 --out out.npy"), 0);
+    p.softcap = 1e-40f;
+    check_out("--softcap 1e-40", &p, 1e-5);
     memset(&p, 0, sizeof p);
     const float sl[3] = {0.0625f, 0.00390625f, 0.25f};
     p.alibi_slopes = sl;
@@ -300,6 +317,21 @@ static void test_errors(void) {
         {"--q q.npy --k k.npy --v v.npy --window -2,0 --out e.npy", "--window -2,0", 2},
         {"--q q.npy --k k.npy --v v.npy --scale nan --out e.npy", "--scale nan", 2},
         {"--q q.npy --k k.npy --v v.npy --softcap -1 --out e.npy", "--softcap -1", 2},
+        {"--q q.npy --k k.npy --v v.npy --softcap 1e-50 --out e.npy",
+         "--softcap 1e-50: out of f32's range", 2},
+        {"--q q.npy --k k.npy --v v.npy --scale 1e39 --out e.npy", "--scale 1e39: out of f32's", 2},
+        {"--q q.npy --k k.npy --v v.npy --window "
+         "1,000000000000000000000000000000000000000000000000000000000000000000000x --out e.npy",
+         "L and R must be integers", 2},
+        {"--q q.npy --k k.npy --v v.npy --window "
+         "0000000000000000000000000000000000000000000001,1 --out e.npy",
+         "L and R must be integers", 2},
+        {"--q q.npy --k k.npy --v v.npy --causal diagonal --out e.npy",
+         "--causal diagonal: expected top-left or bottom-right", 2},
+        {"--q q.npy --k k.npy --v v.npy --mask q_bf16.npy --dtype bf16 --out e.npy",
+         "save a keep-mask as bool (mask.astype(bool))", 1},
+        {"--q slopes.npy --k k.npy --v v.npy --out e.npy", "slopes.npy (the queries) has rank 1",
+         1},
         {"--q q.npy --k k.npy --v v.npy --threads x --out e.npy", "--threads x", 2},
         {"--q q.npy --k k.npy --v v.npy --align middle --out e.npy", "--align middle", 2},
         {"--q q.npy --k k.npy --v v.npy --dtype f64 --out e.npy", "--dtype f64", 2},
