@@ -296,7 +296,10 @@ typedef struct sdpa_params {
  *
  * Output. O_i = sum_j p_ij v_j with p_ij = exp(s_ij - LSE_i) over the visible keys, and
  * LSE_i = log(sum_j exp(s_ij)) (natural log). Every sum is accumulated in at least f32;
- * half-precision inputs are widened exactly and outputs rounded once, at the end.
+ * half-precision inputs are widened exactly and outputs rounded once, at the end. Values near
+ * f32's limit: when the scores are finite and the exact O_i is finite in f32, the result is
+ * finite, even where the weights' unnormalised sum times V passes FLT_MAX (V = 1e35 over 4096
+ * equally weighted keys): the fast kernels compute such a row again in double.
  *
  * Fully masked rows. A row with no visible key (or whose visible scores are all -inf) has
  * O_i = 0 and LSE_i = -inf. It is not NaN.

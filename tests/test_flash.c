@@ -234,6 +234,55 @@ static void test_hidden_keys_bitwise(void) {
     }
 }
 
+/* The unnormalised accumulator may pass FLT_MAX where the output does not: V = 1e35 over 4096
+ * keys with equal scores (exact output 1e35), V = +-3e38 over 3 keys (exact +-3e38). Every
+ * level gives the exact output, finite, and the right LSE; a head with ordinary values
+ * beside them is untouched. */
+static void test_accumulator_overflow(void) {
+    static const struct {
+        int64_t lk;
+        double v;
+    } cases[] = {{4096, 1e35}, {3, 3e38}, {700, 1e36}};
+    for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
+        const int64_t lk = cases[n].lk, d = 9;
+        tu_problem pb = tu_problem_new((tu_dims){1, 2, 2, 5, lk, d, d}, NULL);
+        for (int64_t i = 0; i < 5; i++)
+            for (int64_t c = 0; c < d; c++) {
+                tu_set(&pb.q.t, 0, 0, i, c, 0.0); /* head 0: every score 0 */
+                tu_set(&pb.q.t, 0, 1, i, c, 0.01 * (double)(c - i));
+            }
+        for (int64_t j = 0; j < lk; j++)
+            for (int64_t c = 0; c < d; c++) {
+                tu_set(&pb.k.t, 0, 0, j, c, 0.5);
+                tu_set(&pb.k.t, 0, 1, j, c, 0.1 * (double)((j + c) % 7));
+                tu_set(&pb.v.t, 0, 0, j, c, c % 2 ? -cases[n].v : cases[n].v);
+                tu_set(&pb.v.t, 0, 1, j, c, (double)((j * 3 + c) % 5));
+            }
+        tu_impl impls[TU_MAX_IMPLS];
+        const int n_impls = tu_impls(impls);
+        for (int t = 0; t < n_impls; t++) {
+            if (!impls[t].runs)
+                continue;
+            sdpa_ctx *ctx = tu_ctx(0, impls[t].level);
+            CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
+            int wrong = 0;
+            for (int64_t i = 0; i < 5; i++) {
+                for (int64_t c = 0; c < d; c++) {
+                    const double want = c % 2 ? -cases[n].v : cases[n].v;
+                    const double got = tu_get(&pb.o.t, 0, 0, i, c);
+                    wrong += !(fabs(got - want) <= 1e-6 * fabs(want));
+                    wrong += !isfinite(tu_get(&pb.o.t, 0, 1, i, c));
+                }
+                wrong += !(fabs(tu_get(&pb.lse.t, 0, 0, i, 0) - log((double)lk)) < 1e-5);
+            }
+            CHECK_MSG(wrong == 0, "[%s] Lk=%lld V=%g: %d outputs wrong", impls[t].name,
+                      (long long)lk, cases[n].v, wrong);
+            sdpa_ctx_destroy(ctx);
+        }
+        tu_problem_free(&pb);
+    }
+}
+
 /* NaN and Inf in the K/V of keys hidden inside a tile (sliding window, bool mask) must not
  * reach any output; NaN in a visible V reaches exactly its column; at every level. */
 static void test_nan_inside_tiles(void) {
@@ -309,5 +358,5 @@ static void test_thread_determinism(void) {
 }
 
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_tile_boundaries), CASE(test_few_rows),
-           CASE(test_hidden_keys_bitwise), CASE(test_nan_inside_tiles),
-           CASE(test_thread_determinism))
+           CASE(test_hidden_keys_bitwise), CASE(test_accumulator_overflow),
+           CASE(test_nan_inside_tiles), CASE(test_thread_determinism))

@@ -25,8 +25,10 @@
 
 #include "../core/half.h"
 #include "../core/services.h"
+#include "../ref/ref.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
@@ -35,15 +37,16 @@ typedef struct flash_plan {
     const sdpa__problem *p;
     const sdpa__ukernels *uk;
     sdpa_tensor *out, *lse;
-    int64_t bq;        /* query positions per task */
-    int64_t n_qb;      /* query blocks per (b, hk) */
-    int64_t rp;        /* padded row capacity: group * bq rounded up to lanes */
-    int64_t dvp;       /* row stride of the output accumulator */
-    int q_direct;      /* Q is f32 with unit feature stride: its rows are read in place */
-    int k_direct;      /* K is f32 with unit feature stride: read in place */
-    int v_direct;      /* likewise V */
-    int needs_post;    /* softcap, ALiBi or a mask: every tile is post-processed */
-    size_t per_worker; /* bytes of scratch per worker */
+    int64_t bq;             /* query positions per task */
+    int64_t n_qb;           /* query blocks per (b, hk) */
+    int64_t rp;             /* padded row capacity: group * bq rounded up to lanes */
+    int64_t dvp;            /* row stride of the output accumulator */
+    int q_direct;           /* Q is f32 with unit feature stride: its rows are read in place */
+    int k_direct;           /* K is f32 with unit feature stride: read in place */
+    int v_direct;           /* likewise V */
+    int needs_post;         /* softcap, ALiBi or a mask: every tile is post-processed */
+    atomic_int *overflowed; /* set by a task whose accumulator reached +-inf (see the end) */
+    size_t per_worker;      /* bytes of scratch per worker */
     char *scratch;
 } flash_plan;
 
@@ -296,12 +299,37 @@ static void flash_task(void *arg, int64_t task, int worker) {
     for (int64_t r = 0; r < rows; r++) {
         const int64_t h = tr.h[r], i = tr.i[r];
         const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+        int inf = 0;
+        for (int64_t c = 0; c < p->Dv; c++)
+            inf |= isinf(o[r * pl->dvp + c]);
+        if (inf)
+            atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
         uk->store_row((int)out->dtype, p->Dv, o + r * pl->dvp, inv, (void *)row_at(out, b, h, i),
                       out->stride[3]);
         if (pl->lse != NULL)
             ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] =
                 l[r] == 0.0f ? -INFINITY : (float)((double)m[r] + log((double)l[r]));
     }
+}
+
+/* The unnormalised accumulator O = sum_j p_j v_j (p_j <= 1) reaches +-inf when the weights'
+ * sum times |v| passes FLT_MAX, though O / l, the output, is finite: V = 1e35 over 4096 keys
+ * with equal scores, or V = 3e38 over 3. Such a row leaves an inf in its output (as does a
+ * row that sees an Inf in V), and is computed again, exactly, by the reference (in double,
+ * one row at a time): free when it does not happen, and it happens only at the edge of f32's
+ * range. scratch: Dk + Lk + Dv doubles. */
+static void redo_overflowed_rows(const sdpa__problem *p, sdpa_tensor *out, sdpa_tensor *lse,
+                                 double *scratch) {
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->Hq; h++)
+            for (int64_t i = 0; i < p->Lq; i++) {
+                int inf = 0;
+                for (int64_t c = 0; c < p->Dv && !inf; c++)
+                    inf = isinf(sdpa__load(out->data, out->dtype, sdpa__offset(out, b, h, i, c)));
+                if (inf)
+                    sdpa__ref_forward_row(p, b, h, i, scratch, scratch + p->Dk,
+                                          scratch + p->Dk + p->Lk, out, lse);
+            }
 }
 
 sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
@@ -328,11 +356,18 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     task_scratch unused;
     pl.per_worker = layout(&pl, NULL, &unused);
     const int workers = sdpa__n_workers(ctx);
-    const size_t bytes = (size_t)workers * pl.per_worker;
+    atomic_int overflowed = 0;
+    pl.overflowed = &overflowed;
+    /* and, after the workers' regions, what redo_overflowed_rows needs: reserved now, so that
+     * a call never fails after it has written outputs */
+    const size_t bytes =
+        (size_t)workers * pl.per_worker + (size_t)(p->Dk + p->Lk + p->Dv) * sizeof(double);
     pl.scratch = sdpa__alloc(ctx, bytes, 64);
     if (pl.scratch == NULL)
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash forward: no memory for %zu bytes", bytes);
     sdpa__parallel_for(ctx, p->B * p->Hkv * pl.n_qb, flash_task, &pl);
+    if (atomic_load(&overflowed))
+        redo_overflowed_rows(p, out, lse, (double *)(pl.scratch + (size_t)workers * pl.per_worker));
     sdpa__free(ctx, pl.scratch);
     return SDPA_OK;
 }

@@ -71,6 +71,48 @@ static void load_q(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, doub
         q_i[d] = (double)sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, h, i, d));
 }
 
+void sdpa__ref_forward_row(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, double *q_i,
+                           double *s, double *o_i, sdpa_tensor *out, sdpa_tensor *lse) {
+    const int64_t hk = h / p->group;
+    // pass 1: scores and their maximum
+    load_q(p, b, h, i, q_i);
+    double m;
+    const row_kind kind = row_scores(p, b, h, i, q_i, s, &m);
+
+    // pass 2: o_i = sum_j exp(s_ij - m) v_j / sum_j exp(s_ij - m)
+    double sum = 0.0;
+    for (int64_t d = 0; d < p->Dv; d++)
+        o_i[d] = 0.0;
+    if (kind == ROW_OK) {
+        for (int64_t j = 0; j < p->Lk; j++) {
+            if (s[j] == -INFINITY)
+                continue; /* hidden keys never touch V: NaN there stays out */
+            const double e = exp(s[j] - m);
+            sum += e;
+            for (int64_t d = 0; d < p->Dv; d++)
+                o_i[d] +=
+                    e * (double)sdpa__load(p->v.data, p->v.dtype, sdpa__offset(&p->v, b, hk, j, d));
+        }
+    }
+
+    // pass 3: normalise, round once, store
+    double row_lse;
+    if (kind == ROW_OK)
+        row_lse = m + log(sum);
+    else
+        row_lse = kind == ROW_EMPTY ? -INFINITY : NAN;
+    for (int64_t d = 0; d < p->Dv; d++) {
+        double o = 0.0;
+        if (kind == ROW_OK)
+            o = o_i[d] / sum;
+        else if (kind == ROW_NAN)
+            o = NAN;
+        sdpa__store(out->data, out->dtype, sdpa__offset(out, b, h, i, d), o);
+    }
+    if (lse != NULL)
+        ((float *)lse->data)[sdpa__offset(lse, b, h, i, 0)] = (float)row_lse;
+}
+
 sdpa_status sdpa__ref_forward(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor *out,
                               sdpa_tensor *lse) {
     double *q_i = sdpa__alloc(ctx, (size_t)p->Dk * sizeof(double), 64);
@@ -83,50 +125,10 @@ sdpa_status sdpa__ref_forward(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "reference forward: no memory for %lld scores",
                           (long long)p->Lk);
     }
-    for (int64_t b = 0; b < p->B; b++) {
-        for (int64_t h = 0; h < p->Hq; h++) {
-            const int64_t hk = h / p->group;
-            for (int64_t i = 0; i < p->Lq; i++) {
-                // pass 1: scores and their maximum
-                load_q(p, b, h, i, q_i);
-                double m;
-                const row_kind kind = row_scores(p, b, h, i, q_i, s, &m);
-
-                // pass 2: o_i = sum_j exp(s_ij - m) v_j / sum_j exp(s_ij - m)
-                double sum = 0.0;
-                for (int64_t d = 0; d < p->Dv; d++)
-                    o_i[d] = 0.0;
-                if (kind == ROW_OK) {
-                    for (int64_t j = 0; j < p->Lk; j++) {
-                        if (s[j] == -INFINITY)
-                            continue; /* hidden keys never touch V: NaN there stays out */
-                        const double e = exp(s[j] - m);
-                        sum += e;
-                        for (int64_t d = 0; d < p->Dv; d++)
-                            o_i[d] += e * (double)sdpa__load(p->v.data, p->v.dtype,
-                                                             sdpa__offset(&p->v, b, hk, j, d));
-                    }
-                }
-
-                // pass 3: normalise, round once, store
-                double row_lse;
-                if (kind == ROW_OK)
-                    row_lse = m + log(sum);
-                else
-                    row_lse = kind == ROW_EMPTY ? -INFINITY : NAN;
-                for (int64_t d = 0; d < p->Dv; d++) {
-                    double o = 0.0;
-                    if (kind == ROW_OK)
-                        o = o_i[d] / sum;
-                    else if (kind == ROW_NAN)
-                        o = NAN;
-                    sdpa__store(out->data, out->dtype, sdpa__offset(out, b, h, i, d), o);
-                }
-                if (lse != NULL)
-                    ((float *)lse->data)[sdpa__offset(lse, b, h, i, 0)] = (float)row_lse;
-            }
-        }
-    }
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->Hq; h++)
+            for (int64_t i = 0; i < p->Lq; i++)
+                sdpa__ref_forward_row(p, b, h, i, q_i, s, o_i, out, lse);
     sdpa__free(ctx, q_i);
     sdpa__free(ctx, s);
     sdpa__free(ctx, o_i);
