@@ -309,6 +309,13 @@ typedef struct sdpa_params {
  * O[:, d] NaN in every row that sees key j. A +inf or NaN score (from the inputs or the mask)
  * makes its row NaN. Invisible keys never contribute NaN.
  *
+ * Scores beyond f32. Scores are f32 values: q . k, its product with the scale, and the score
+ * after ALiBi and an additive mask are each taken to +inf or -inf where they pass FLT_MAX
+ * (q = k = [1e20, 1e20] gives q . k = +inf). A +inf score makes its row NaN, a -inf one hides
+ * its key; softcap maps +-inf to +-C. sdpa_forward and sdpa_weights follow this one rule on
+ * every kernel (the reference computes in double and applies it at each of those steps; a
+ * fast kernel's f32 dot product may also overflow in a partial sum whose total would fit).
+ *
  * Shapes. mask: broadcastable to (B, Hq, Lq, Lk) — each extent equal or 1 (an extent of 1
  * is broadcast whatever its stride). Query head h reads key/value head h / (Hq / Hkv)
  * (grouped-query attention; multi-query when Hkv = 1).

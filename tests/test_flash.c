@@ -283,6 +283,59 @@ static void test_accumulator_overflow(void) {
     }
 }
 
+/* Scores beyond f32 follow one rule in sdpa_forward (every level) and sdpa_weights: q.k =
+ * +2e40 is +inf and makes its row NaN, -2e40 is -inf and hides its key, and softcap brings
+ * +-inf back to +-C. (It once gave NaN in the forward and weights (1, 0).) */
+static void test_score_overflow(void) {
+    for (int cap = 0; cap < 2; cap++) {
+        tu_problem pb = tu_problem_new((tu_dims){1, 1, 1, 3, 2, 2, 2}, NULL);
+        static const double qs[3] = {1e20, -1e20, 1.0};
+        for (int i = 0; i < 3; i++)
+            for (int d = 0; d < 2; d++)
+                tu_set(&pb.q.t, 0, 0, i, d, qs[i]);
+        for (int d = 0; d < 2; d++) {
+            tu_set(&pb.k.t, 0, 0, 0, d, 1e20);
+            tu_set(&pb.k.t, 0, 0, 1, d, 0.0);
+            tu_set(&pb.v.t, 0, 0, 0, d, 3.0 + d);
+            tu_set(&pb.v.t, 0, 0, 1, d, -1.0 - d);
+        }
+        pb.p.softcap = cap ? 5.0f : 0.0f;
+        tu_tensor w = tu_alloc(SDPA_F32, 1, 1, 3, 2, TU_BHLD, 0, 0);
+        sdpa_ctx *ctx = tu_ctx(0, SDPA_ISA_AUTO);
+        CHECK_INT_EQ(sdpa_weights(ctx, &pb.q.t, &pb.k.t, &pb.p, &w.t), SDPA_OK);
+        sdpa_ctx_destroy(ctx);
+        /* the weights: row 0 NaN (softcap: scores (5, 0)), row 1 (0, 1), row 2 (1, 0) */
+        const double e5 = 1.0 / (1.0 + exp(-5.0));
+        if (cap)
+            CHECK(fabs(tu_get(&w.t, 0, 0, 0, 0) - e5) < 1e-6);
+        else
+            CHECK(isnan(tu_get(&w.t, 0, 0, 0, 0)) && isnan(tu_get(&w.t, 0, 0, 0, 1)));
+        CHECK(cap || (tu_get(&w.t, 0, 0, 1, 0) == 0.0 && tu_get(&w.t, 0, 0, 1, 1) == 1.0));
+        tu_impl impls[TU_MAX_IMPLS];
+        const int n_impls = tu_impls(impls);
+        for (int t = 0; t < n_impls; t++) {
+            if (!impls[t].runs)
+                continue;
+            ctx = tu_ctx(0, impls[t].level);
+            CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
+            sdpa_ctx_destroy(ctx);
+            /* O = W V, row by row, from the weights */
+            int wrong = 0;
+            for (int i = 0; i < 3; i++)
+                for (int d = 0; d < 2; d++) {
+                    const double want = tu_get(&w.t, 0, 0, i, 0) * (3.0 + d) +
+                                        tu_get(&w.t, 0, 0, i, 1) * (-1.0 - d);
+                    const double got = tu_get(&pb.o.t, 0, 0, i, d);
+                    wrong += isnan(want) ? !isnan(got) : !(fabs(got - want) <= 1e-5);
+                }
+            CHECK_MSG(wrong == 0, "[%s] softcap=%d: %d outputs disagree with sdpa_weights",
+                      impls[t].name, cap, wrong);
+        }
+        tu_free(&w);
+        tu_problem_free(&pb);
+    }
+}
+
 /* NaN and Inf in the K/V of keys hidden inside a tile (sliding window, bool mask) must not
  * reach any output; NaN in a visible V reaches exactly its column; at every level. */
 static void test_nan_inside_tiles(void) {
@@ -359,4 +412,4 @@ static void test_thread_determinism(void) {
 
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_tile_boundaries), CASE(test_few_rows),
            CASE(test_hidden_keys_bitwise), CASE(test_accumulator_overflow),
-           CASE(test_nan_inside_tiles), CASE(test_thread_determinism))
+           CASE(test_score_overflow), CASE(test_nan_inside_tiles), CASE(test_thread_determinism))

@@ -20,6 +20,15 @@ typedef enum row_kind {
     ROW_NAN    /* a contributing score is NaN or +inf: the row is NaN */
 } row_kind;
 
+/* x if f32 holds it, else the infinity of its sign: the fast paths form every score in f32,
+ * so a q.k, a scaled score or a biased one beyond FLT_MAX is +-inf there, and the contract
+ * (sdpa.h, "Scores") makes that the rule for every function. The threshold is where f32's
+ * rounding to nearest gives inf: FLT_MAX plus half an ulp. */
+static double f32_range(double x) {
+    const double limit = 0x1.ffffffp127;
+    return x >= limit ? INFINITY : x <= -limit ? -INFINITY : x;
+}
+
 /* Pass 1 for query row i of (b, h): s[j] for every key j of kv head hk. Keys hidden by the
  * window, the bool mask or a -inf bias get s[j] = -inf and take no further part.
  *   s:   (Lk) scores, written
@@ -48,12 +57,14 @@ static row_kind row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t
         for (int64_t d = 0; d < p->Dk; d++)
             dot += q_i[d] *
                    (double)sdpa__load(p->k.data, p->k.dtype, sdpa__offset(&p->k, b, hk, j, d));
-        double x = p->scale * dot;
+        double x = f32_range(p->scale * f32_range(dot));
         if (p->softcap > 0.0)
             x = p->softcap * tanh(x / p->softcap);
         if (p->alibi != NULL)
-            x -= (double)p->alibi[h] * fabs((double)(i + p->off - j));
-        x += bias;
+            x = f32_range(x - (double)p->alibi[h] * fabs((double)(i + p->off - j)));
+        x = f32_range(x + bias);
+        if (x == -INFINITY)
+            continue; /* a score below f32's range hides its key, as -inf does */
         s[j] = x;
         if (isnan(x) || x == INFINITY)
             any_nan = 1;
