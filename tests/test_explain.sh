@@ -187,6 +187,13 @@ expect own_f16 0 out 'o0 \[ 1\.66 2\.66 \]' -- --q "$tmp/eye.npy" --k "$tmp/eye.
 expect own_causal 0 out 'o0 \[ 1\.00 2\.00 \]' -- "${own[@]}" --causal
 expect own_lq_ne_lk 0 out 'o2 \[ 1\.51 2\.51 \]' -- --q "$tmp/q3.npy" --k "$tmp/eye.npy" --v "$tmp/v.npy" --causal
 fits own_width "${own[@]}" --causal
+# q0 = k0 = [1e20, 1e20]: q0.k0 = 2e40 is beyond f32, +inf in the library (a NaN row) but
+# finite in the steps' double; explain names the rule instead of calling it a bug.
+e20=60ad78ec
+write_npy "$tmp/qbig.npy" '<f4' '2, 2' $e20 $e20 $one $one
+write_npy "$tmp/kbig.npy" '<f4' '2, 2' $e20 $e20 $zero $zero
+expect beyond_f32 0 out 'They differ, and by rule: a score here reaches 2e\+40' -- \
+  --q "$tmp/qbig.npy" --k "$tmp/kbig.npy" --v "$tmp/v.npy"
 
 echo "errors"
 expect_error n_text 2 "--n wants a number of tokens from 1 to 16, not 'abc'" -- --n abc
