@@ -134,8 +134,8 @@ static const char *describe_type(const char *t, char *buf, size_t cap) {
     "bfloat16 with --dtype bf16"
 
 /* Maps a descr to a dtype, or explains why it is refused. */
-static int classify_descr(const char *d, int allow_bf16, const char *name, sdpa_dtype *dtype,
-                          char *err, size_t errlen) {
+static int classify_descr(const char *d, int flags, const char *name, sdpa_dtype *dtype, char *err,
+                          size_t errlen) {
     /* Two-byte raw values: '<V2' is what ml_dtypes' bfloat16 writes, '|V2' numpy's own view
      * as 'V2', '<u2' a torch bfloat16 tensor viewed as uint16. They are bfloat16 only when
      * the user says so, since a '<u2' file may just as well hold integers. */
@@ -147,7 +147,7 @@ static int classify_descr(const char *d, int allow_bf16, const char *name, sdpa_
     for (size_t i = 0; i < sizeof accepted / sizeof accepted[0]; i++) {
         if (strcmp(d, accepted[i].descr) != 0)
             continue;
-        if (accepted[i].dtype != SDPA_BF16 || allow_bf16) {
+        if (accepted[i].dtype != SDPA_BF16 || (flags & NPY_BF16)) {
             *dtype = accepted[i].dtype;
             return 0;
         }
@@ -180,9 +180,15 @@ static int classify_descr(const char *d, int allow_bf16, const char *name, sdpa_
         return -1;
     }
     const int numeric = what != NULL && (t[0] == 'f' || t[0] == 'i' || t[0] == 'u');
+    /* a mask of integers is almost always a keep-mask (a tokenizer's attention_mask: 1 =
+     * attend), which astype('<f4') would turn into an additive +1/0 bias that hides nothing */
+    const char *advice = !numeric             ? ""
+                         : (flags & NPY_MASK) ? "; convert a keep-mask (1 = attend) with "
+                                                "arr.astype(bool), an additive one with "
+                                                "arr.astype('<f4')"
+                                              : "; convert with arr.astype('<f4')";
     set_err(err, errlen, name, "dtype '%s'%s%s%s is not supported; " NPY_ACCEPTED "%s", d,
-            what ? " (" : "", what ? what : "", what ? ")" : "",
-            numeric ? "; convert with arr.astype('<f4')" : "");
+            what ? " (" : "", what ? what : "", what ? ")" : "", advice);
     return -1;
 }
 
@@ -419,7 +425,7 @@ static int parse_dict(hparse *ps, hdict *d) {
 
 /* ---- the file header ------------------------------------------------------------------- */
 
-int npy_parse_header(const unsigned char *buf, size_t len, int allow_bf16, const char *name,
+int npy_parse_header(const unsigned char *buf, size_t len, int flags, const char *name,
                      npy_header *h, char *err, size_t errlen) {
     if (err != NULL && errlen > 0)
         err[0] = '\0';
@@ -497,7 +503,7 @@ int npy_parse_header(const unsigned char *buf, size_t len, int allow_bf16, const
         return -1;
     }
     sdpa_dtype dtype;
-    if (classify_descr(d.descr, allow_bf16, name, &dtype, err, errlen) != 0)
+    if (classify_descr(d.descr, flags, name, &dtype, err, errlen) != 0)
         return -1;
     if (d.fortran) {
         set_err(err, errlen, name,
@@ -569,11 +575,11 @@ static int alloc_array(const npy_header *h, const char *name, npy_array *out, ch
     return 0;
 }
 
-int npy_load_buffer(const unsigned char *buf, size_t len, int allow_bf16, const char *name,
+int npy_load_buffer(const unsigned char *buf, size_t len, int flags, const char *name,
                     npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     npy_header h;
-    if (npy_parse_header(buf, len, allow_bf16, name, &h, err, errlen) != 0)
+    if (npy_parse_header(buf, len, flags, name, &h, err, errlen) != 0)
         return -1;
     if (check_data_size(&h, len - h.data_offset, name, err, errlen) != 0)
         return -1;
@@ -583,7 +589,7 @@ int npy_load_buffer(const unsigned char *buf, size_t len, int allow_bf16, const 
     return 0;
 }
 
-int npy_load(const char *path, int allow_bf16, npy_array *out, char *err, size_t errlen) {
+int npy_load(const char *path, int flags, npy_array *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     if (err != NULL && errlen > 0)
         err[0] = '\0';
@@ -628,8 +634,7 @@ int npy_load(const char *path, int allow_bf16, npy_array *out, char *err, size_t
                 head_len += fread(head + head_len, 1, want - head_len, f);
         }
     }
-    if (npy_parse_header(head != NULL ? head : prefix, head_len, allow_bf16, path, &h, err,
-                         errlen) != 0)
+    if (npy_parse_header(head != NULL ? head : prefix, head_len, flags, path, &h, err, errlen) != 0)
         goto done;
     /* The stream now stands at the data, without a seek (so pipes work too): the header was
      * read whole and no further, since a valid header has at least 2 bytes and the 12-byte

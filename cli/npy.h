@@ -60,14 +60,19 @@ typedef struct npy_array {
     size_t nbytes;
 } npy_array;
 
+/* The flags of npy_parse_header, npy_load and npy_load_buffer (0 = neither). */
+enum { NPY_BF16 = 1, NPY_MASK = 2 };
+
 /* Parses the first len bytes of a file (magic, version, header length, dictionary); len may
  * cover more than the header (the data is not looked at) but not less.
- * allow_bf16: accept '<V2'/'|V2'/'<u2' as bfloat16. name: the file name used in messages
- * (NULL reads "(buffer)"). err may be NULL; messages are cut to errlen and always terminated.
+ * flags: NPY_BF16 accepts '<V2'/'|V2'/'<u2' as bfloat16; NPY_MASK says the file is a mask,
+ * for the advice a refused dtype gets (astype(bool) for integers). name: the file name used in
+ * messages (NULL reads "(buffer)"). err may be NULL; messages are cut to errlen and always
+ * terminated.
  * @return 0 and fills *h, or -1 with a message in err ("q.npy: Fortran order is not
  *         supported; save np.ascontiguousarray(arr) instead"). Never reads beyond len and
  *         never allocates. */
-int npy_parse_header(const unsigned char *buf, size_t len, int allow_bf16, const char *name,
+int npy_parse_header(const unsigned char *buf, size_t len, int flags, const char *name,
                      npy_header *h, char *err, size_t errlen);
 
 /* Loads a whole file: the header as above, then exactly data_bytes of data and nothing after.
@@ -75,10 +80,10 @@ int npy_parse_header(const unsigned char *buf, size_t len, int allow_bf16, const
  * data is read into one allocation of data_bytes.
  * @return 0 and fills *out (the caller frees with npy_free; data is never NULL, even for an
  *         empty array), or -1 with a message in err and out->data NULL. */
-int npy_load(const char *path, int allow_bf16, npy_array *out, char *err, size_t errlen);
+int npy_load(const char *path, int flags, npy_array *out, char *err, size_t errlen);
 
 /* Loads from memory (the fuzz targets and tests): as npy_load, over buf[0..len). */
-int npy_load_buffer(const unsigned char *buf, size_t len, int allow_bf16, const char *name,
+int npy_load_buffer(const unsigned char *buf, size_t len, int flags, const char *name,
                     npy_array *out, char *err, size_t errlen);
 
 /* Writes a C-order array of dtype (F32, F16, BF16 or BOOL) and shape[0..ndim) from data to

@@ -34,7 +34,9 @@ static const char usage[] =
     "inputs:\n"
     "  --q FILE, --k FILE, --v FILE   the queries, keys and values (required)\n"
     "  --mask FILE          bool (|b1, True = may attend) or additive (<f4/<f2) mask whose\n"
-    "                       shape broadcasts to (B, Hq, Lq, Lk), aligned on the right\n"
+    "                       shape broadcasts to (B, Hq, Lq, Lk), aligned on the right; a\n"
+    "                       tokenizer's attention_mask (int, (B, L)) is saved for it as\n"
+    "                       mask.astype(bool)[:, None, None, :]\n"
     "  --dtype bf16         read 2-byte raw arrays (<V2, <u2) as bfloat16\n"
     "\n"
     "parameters:\n"
@@ -210,10 +212,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
 }
 
 /* Loads an input and views it as 4-d, aligned on the right. */
-static int load_input(input *in, const char *path, int bf16, int min_rank, const char *what) {
+static int load_input(input *in, const char *path, int flags, int min_rank, const char *what) {
     char err[512];
     in->path = path;
-    if (npy_load(path, bf16, &in->a, err, sizeof err) != 0) {
+    if (npy_load(path, flags, &in->a, err, sizeof err) != 0) {
         fprintf(stderr, "sdpa run: %s\n", err);
         return CLI_RUNTIME;
     }
@@ -333,8 +335,10 @@ int cli_run(int argc, char **argv) {
     void *out = NULL;
     sdpa_ctx *ctx = NULL;
     rc = CLI_RUNTIME;
-    if (load_input(&q, a.q, a.bf16, 2, "the queries") || load_input(&k, a.k, a.bf16, 2, "keys") ||
-        load_input(&v, a.v, a.bf16, 2, "values") || check_shapes(&q, &k, &v))
+    const int qkv_flags = a.bf16 ? NPY_BF16 : 0;
+    if (load_input(&q, a.q, qkv_flags, 2, "the queries") ||
+        load_input(&k, a.k, qkv_flags, 2, "keys") || load_input(&v, a.v, qkv_flags, 2, "values") ||
+        check_shapes(&q, &k, &v))
         goto done;
     const sdpa_dtype dts[3] = {q.a.dtype, k.a.dtype, v.a.dtype};
     const char *paths[3] = {a.q, a.k, a.v};
@@ -349,7 +353,7 @@ int cli_run(int argc, char **argv) {
     if (a.mask != NULL) {
         /* read as bf16 where it is 2-byte raw, only to say what to do instead: --dtype bf16
          * applies to Q, K and V, and no mask is bf16 */
-        if (load_input(&mask, a.mask, 1, 1, "the mask"))
+        if (load_input(&mask, a.mask, NPY_BF16 | NPY_MASK, 1, "the mask"))
             goto done;
         if (mask.a.dtype == SDPA_BF16) {
             fprintf(stderr,
@@ -363,11 +367,17 @@ int cli_run(int argc, char **argv) {
             if (mask.t.shape[d] != 1 && mask.t.shape[d] != want[d]) {
                 char s[NPY_SHAPE_CHARS];
                 npy_format_shape(s, sizeof s, mask.a.ndim, mask.a.shape);
+                /* (B, Lk): a padding mask as tokenizers give it, aligned on the wrong axes */
+                const int padding =
+                    mask.a.ndim == 2 && mask.a.shape[0] == B && mask.a.shape[1] == Lk;
                 fprintf(stderr,
                         "sdpa run: %s has shape %s, which does not broadcast to (B, Hq, Lq, Lk) "
-                        "= (%lld, %lld, %lld, %lld) from %s and %s\n",
+                        "= (%lld, %lld, %lld, %lld) from %s and %s%s\n",
                         a.mask, s, (long long)B, (long long)Hq, (long long)Lq, (long long)Lk, a.q,
-                        a.k);
+                        a.k,
+                        padding ? "; a (B, Lk) padding mask needs the shape (B, 1, 1, Lk): save "
+                                  "mask[:, None, None, :]"
+                                : "");
                 goto done;
             }
         a.p.mask = &mask.t;

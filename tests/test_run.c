@@ -69,6 +69,27 @@ static void save(const char *name, sdpa_dtype dt, int nd, const int64_t *shape, 
     }
 }
 
+/* A version-1.0 .npy file of any descr, written by hand (npy_save writes only the dtypes the
+ * command reads): an int64 attention_mask, as tokenizers return it. */
+static void save_raw(const char *name, const char *descr, const char *shape, const void *data,
+                     size_t bytes) {
+    char p[512], dict[128];
+    path_of(p, sizeof p, name);
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
+                     descr, shape);
+    while ((10 + n + 1) % 64 != 0)
+        dict[n++] = ' ';
+    dict[n++] = '\n';
+    FILE *f = fopen(p, "wb");
+    const unsigned char pre[10] = {
+        0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(n & 255), (unsigned char)(n >> 8)};
+    if (f == NULL || fwrite(pre, 1, 10, f) != 10 || fwrite(dict, 1, (size_t)n, f) != (size_t)n ||
+        fwrite(data, 1, bytes, f) != bytes || fclose(f) != 0) {
+        fprintf(stderr, "test_run: cannot write %s\n", p);
+        exit(2);
+    }
+}
+
 static npy_array load(const char *name) {
     char p[512], err[512];
     npy_array a;
@@ -114,6 +135,18 @@ static void write_inputs(void) {
     save("mask_bool.npy", SDPA_BOOL, 2, smb, mb);
     save("mask_add.npy", SDPA_F32, 4, sma, ma);
     save("mask_bad.npy", SDPA_BOOL, 2, sbad, mb);
+    /* a tokenizer's attention_mask: int64 (B, Lk), 1 = attend; and the same as bool */
+    int64_t am[B * LK];
+    for (int i = 0; i < B * LK; i++)
+        am[i] = i % LK < LK - 2 * (i / LK);
+    char am_shape[32];
+    snprintf(am_shape, sizeof am_shape, "(%d, %d)", B, LK);
+    save_raw("mask_int64.npy", "<i8", am_shape, am, sizeof am);
+    unsigned char amb[B * LK];
+    for (int i = 0; i < B * LK; i++)
+        amb[i] = (unsigned char)am[i];
+    const int64_t sam[2] = {B, LK};
+    save("mask_padding.npy", SDPA_BOOL, 2, sam, amb);
     /* ALiBi slopes: the standard ones for 3 heads (2^-4, 2^-8, then 2^-2 from the 4-head
      * sequence) and a wrong-length file */
     const float sl[3] = {0.0625f, 0.00390625f, 0.25f};
@@ -332,6 +365,10 @@ static void test_errors(void) {
          "save a keep-mask as bool (mask.astype(bool))", 1},
         {"--q slopes.npy --k k.npy --v v.npy --out e.npy", "slopes.npy (the queries) has rank 1",
          1},
+        {"--q q.npy --k k.npy --v v.npy --mask mask_int64.npy --out e.npy",
+         "convert a keep-mask (1 = attend) with arr.astype(bool)", 1},
+        {"--q q.npy --k k.npy --v v.npy --mask mask_padding.npy --out e.npy",
+         "a (B, Lk) padding mask needs the shape (B, 1, 1, Lk): save mask[:, None, None, :]", 1},
         {"--q q.npy --k k.npy --v v.npy --threads x --out e.npy", "--threads x", 2},
         {"--q q.npy --k k.npy --v v.npy --align middle --out e.npy", "--align middle", 2},
         {"--q q.npy --k k.npy --v v.npy --dtype f64 --out e.npy", "--dtype f64", 2},
