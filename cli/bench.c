@@ -401,7 +401,9 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
     int rc = CLI_OK;
     if (q == NULL || k == NULL || v == NULL || out == NULL || times == NULL) {
         progress_clear(pg);
-        fprintf(stderr, "sdpa bench: %s: out of memory for the inputs\n", pg->spec);
+        fprintf(stderr,
+                "sdpa bench: %s: out of memory for the inputs (Q, K, V and the output: %.1f MB)\n",
+                pg->spec, (double)(2 * nq + 2 * nkv) * sizeof(float) / 1e6);
         rc = CLI_RUNTIME;
         goto done;
     }
@@ -549,7 +551,8 @@ int cli_bench(int argc, char **argv) {
     if (o.json != NULL) {
         tmp = malloc(strlen(o.json) + 5);
         if (tmp == NULL) {
-            fputs("sdpa bench: out of memory\n", stderr);
+            fprintf(stderr, "sdpa bench: out of memory (%zu bytes for a file name)\n",
+                    strlen(o.json) + 5);
             return CLI_RUNTIME;
         }
         sprintf(tmp, "%s.tmp", o.json);
@@ -573,7 +576,8 @@ int cli_bench(int argc, char **argv) {
         snprintf(ri.date, sizeof ri.date, "unknown");
     bench_result *rs = calloc((size_t)n_shapes, sizeof *rs);
     if (rs == NULL) {
-        fputs("sdpa bench: out of memory\n", stderr);
+        fprintf(stderr, "sdpa bench: out of memory (%zu bytes for the results)\n",
+                (size_t)n_shapes * sizeof *rs);
         rc = CLI_RUNTIME;
         goto done;
     }

@@ -210,7 +210,8 @@ int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, 
     out->read_gbs = 0.0;
     worker *ws = calloc((size_t)n, sizeof *ws);
     if (ws == NULL) {
-        snprintf(err, errcap, "out of memory");
+        snprintf(err, errcap, "out of memory (%zu bytes for %d workers)", (size_t)n * sizeof *ws,
+                 n);
         return -1;
     }
 

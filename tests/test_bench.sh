@@ -77,6 +77,15 @@ if [ "$("$sdpa" info | sed -n 's/^cpu isa: *\([a-z0-9]*\).*/\1/p')" = generic ] 
 else
   fail capped_named
 fi
+# A shape too large for memory says how much it asked for (13 TB here), and exits 1 (under
+# AddressSanitizer too, whose allocator must then return NULL rather than stop the program).
+ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1 \
+  check oom 1 -- --shape 1,64,1,400000000,64 --threads 1 --reps 1 --min-time 0.1
+if grep -q 'out of memory for the inputs (Q, K, V and the output: 13107200.0 MB)' "$tmp/err"; then
+  ok oom_size
+else
+  fail oom_size
+fi
 SDPA_MAX_ISA=generic check peak_above_kernels 1 -- --shape 1,1,8,8,4 --peak-isa avx2
 if grep -q 'does not go above' "$tmp/err"; then ok peak_above_message; else fail peak_above_message; fi
 
