@@ -86,6 +86,7 @@ typedef struct fz_case {
     fz_injection inj[4];
     int nonfinite;         /* NaN/Inf in Q, K, V or NaN/+Inf in an additive mask */
     int huge_qk;           /* huge finite values in Q or K */
+    int huge_v;            /* a column of V near FLT_MAX: the accumulator overflows, O does not */
     int bad[FZ_BAD_COUNT]; /* invalid arguments the generator put in, by the calls they fail */
     int skip_weights;      /* a change that may be legal for sdpa_weights with memory it lacks */
     const char *why[8];    /* what made the arguments invalid, for the report */

@@ -276,7 +276,7 @@ double *fz_check_forward_result(fz_case *c, sdpa_ctx *ctx) {
     tu_free(&gout);
     tu_free(&glse);
 
-    if (c->nonfinite || c->huge_qk) {
+    if (c->nonfinite || c->huge_qk || c->huge_v) {
         /* ill-conditioned or non-finite: the positions of non-finite values are the contract
          * (no NaN where the golden is finite), the digits are not */
         check_positions("out", t_o, g_o, n_out);

@@ -422,6 +422,15 @@ static void draw_specials(fz_case *c, fz_src *s, int valid_values, sdpa_dtype do
         if (inj->kind >= 3)
             x *= inj->tensor == 3 ? 1e9 : huge_value(f->t.dtype, inj->tensor == 2, dout);
         tu_set(&f->t, inj->at[0], inj->at[1], inj->at[2], inj->at[3], x);
+        /* a huge value in an f32 V read into an f32 output (1 time in 2): its whole column,
+         * every key, at +-3e38, so that the unnormalised accumulator passes FLT_MAX where the
+         * output, a convex combination, stays finite */
+        if (inj->kind >= 3 && inj->tensor == 2 && f->t.dtype == SDPA_F32 && dout == SDPA_F32 &&
+            take(s) % 2) {
+            for (int64_t j = 0; j < f->t.shape[2]; j++)
+                tu_set(&f->t, inj->at[0], inj->at[1], j, inj->at[3], val[inj->kind] * 3e38);
+            c->huge_v = 1;
+        }
         if (inj->tensor == 3)
             c->nonfinite |= inj->kind <= 1; /* -inf and -1e9 are ordinary mask values */
         else if (inj->kind <= 2)
