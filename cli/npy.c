@@ -43,12 +43,22 @@ static const char *display_name(const char *name) {
     return name != NULL ? name : "(buffer)";
 }
 
-/* Writes "NAME: message" into err (which may be NULL or empty). */
+/* Writes "NAME: message" into err (which may be NULL or empty). A name longer than half of
+ * err keeps its start and its end around "...", so that the message, the part that says what
+ * is wrong, still fits (a path of 4000 characters once left no room for it). */
 NPY_PRINTF(4, 5)
 static void set_err(char *err, size_t errlen, const char *name, const char *fmt, ...) {
     if (err == NULL || errlen == 0)
         return;
-    const int n = snprintf(err, errlen, "%s: ", display_name(name));
+    const char *nm = display_name(name);
+    const size_t len = strlen(nm), room = errlen / 2;
+    int n;
+    if (len > room && room >= 16) {
+        const int part = (int)(room / 2) - 2;
+        n = snprintf(err, errlen, "%.*s...%s: ", part, nm, nm + len - (size_t)part);
+    } else {
+        n = snprintf(err, errlen, "%s: ", nm);
+    }
     if (n < 0 || (size_t)n >= errlen)
         return;
     va_list ap;

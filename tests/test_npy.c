@@ -668,16 +668,35 @@ static void test_to_f32(void) {
     free(dst);
 }
 
+/* A path of 4000 characters keeps the reason in a 512-byte message: the name is shortened in
+ * the middle, not the reason cut off. */
+static void test_long_path_keeps_reason(void) {
+    static char path[4100];
+    strcpy(path, "/no/such/dir/");
+    size_t n = strlen(path);
+    for (; n < 4000; n++)
+        path[n] = (char)('a' + n % 26);
+    strcpy(path + n, ".npy");
+    char err[512];
+    npy_array a;
+    CHECK(npy_load(path, 0, &a, err, sizeof err) != 0);
+    CHECK_STR_CONTAINS(err, "cannot open: No such file or directory");
+    CHECK_STR_CONTAINS(err, "/no/such/dir/");
+    CHECK_STR_CONTAINS(err, "...");
+    CHECK_STR_CONTAINS(err, ".npy: cannot open");
+}
+
 int main(int argc, char **argv) {
     if (tu_scratch_dir(tmp_dir, sizeof tmp_dir, "test_npy_") != 0) {
         perror("mkdtemp");
         return 1;
     }
     const int rc =
-        CHECK_RUN(argc, argv, CASE(test_fixtures), CASE(test_header_accepts),
-                  CASE(test_header_refuses), CASE(test_header_framing), CASE(test_load_errors),
-                  CASE(test_save_round_trips), CASE(test_save_refuses), CASE(test_save_missing_dir),
-                  CASE(test_save_replaces_atomically), CASE(test_format_shape), CASE(test_to_f32));
+        CHECK_RUN(argc, argv, CASE(test_long_path_keeps_reason), CASE(test_fixtures),
+                  CASE(test_header_accepts), CASE(test_header_refuses), CASE(test_header_framing),
+                  CASE(test_load_errors), CASE(test_save_round_trips), CASE(test_save_refuses),
+                  CASE(test_save_missing_dir), CASE(test_save_replaces_atomically),
+                  CASE(test_format_shape), CASE(test_to_f32));
     tu_remove_dir(tmp_dir);
     return rc;
 }
