@@ -67,7 +67,8 @@ enum { NPY_BF16 = 1, NPY_MASK = 2 };
  * cover more than the header (the data is not looked at) but not less.
  * flags: NPY_BF16 accepts '<V2'/'|V2'/'<u2' as bfloat16; NPY_MASK says the file is a mask,
  * for the advice a refused dtype gets (astype(bool) for integers). name: the file name used in
- * messages (NULL reads "(buffer)"). err may be NULL; messages are cut to errlen and always
+ * messages (NULL reads "(buffer)"; shortened in the middle, "start...end", when longer than
+ * half of errlen, so that the reason fits). err may be NULL; messages are cut to errlen and always
  * terminated.
  * @return 0 and fills *h, or -1 with a message in err ("q.npy: Fortran order is not
  *         supported; save np.ascontiguousarray(arr) instead"). Never reads beyond len and
