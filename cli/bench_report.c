@@ -32,14 +32,20 @@ void bench_shape_spec(const bench_shape *s, char *buf, size_t cap) {
              s->mask == BENCH_MASK_NONE ? "" : bench_mask_name(s->mask));
 }
 
-/* The text after the colon of a "key : value" line of /proc/cpuinfo, without its newline. */
-static const char *cpuinfo_value(char *line) {
+/* Splits a "key<tabs> : value" line of /proc/cpuinfo in place: *key is the key without its
+ * trailing blanks, the value is returned without its newline. NULL: not such a line. */
+static const char *cpuinfo_split(char *line, const char **key) {
     char *colon = strchr(line, ':');
     if (colon == NULL)
         return NULL;
-    colon += strspn(colon + 1, " \t") + 1;
-    colon[strcspn(colon, "\n")] = '\0';
-    return colon;
+    char *end = colon;
+    while (end > line && (end[-1] == ' ' || end[-1] == '\t'))
+        end--;
+    *end = '\0';
+    *key = line;
+    char *v = colon + 1 + strspn(colon + 1, " \t");
+    v[strcspn(v, "\n")] = '\0';
+    return v;
 }
 
 /* The size in KiB of cpu0's cache of this level and type ("Data", "Unified"), or 0. */
@@ -83,19 +89,17 @@ void bench_cpu_info(bench_run *run) {
     if (f == NULL)
         return;
     char line[512];
-    int have_name = 0;
     while (fgets(line, sizeof line, f) != NULL && strcmp(line, "\n") != 0) {
-        const char *v = cpuinfo_value(line); /* the first processor's block only */
+        const char *key; /* the first processor's block only: it ends at a blank line */
+        const char *v = cpuinfo_split(line, &key);
         if (v == NULL)
             continue;
-        if (strncmp(line, "model name", 10) == 0 && !have_name) {
+        if (strcmp(key, "model name") == 0)
             snprintf(run->cpu, sizeof run->cpu, "%s", v);
-            have_name = 1;
-        } else if (strncmp(line, "cpu family", 10) == 0) {
+        else if (strcmp(key, "cpu family") == 0)
             run->cpu_family = (int)strtol(v, NULL, 10);
-        } else if (strncmp(line, "model\t", 6) == 0 || strncmp(line, "model ", 6) == 0) {
+        else if (strcmp(key, "model") == 0)
             run->cpu_model = (int)strtol(v, NULL, 10);
-        }
     }
     fclose(f);
 }
