@@ -23,6 +23,29 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
     return CLI_USAGE;
 }
 
+void cli_verror(char *err, size_t errlen, const char *name, const char *fmt, va_list ap) {
+    if (err == NULL || errlen == 0)
+        return;
+    const size_t len = strlen(name), room = errlen / 2;
+    int n;
+    if (len > room && room >= 16) {
+        const int part = (int)(room / 2) - 2;
+        n = snprintf(err, errlen, "%.*s...%s: ", part, name, name + len - (size_t)part);
+    } else {
+        n = snprintf(err, errlen, "%s: ", name);
+    }
+    if (n < 0 || (size_t)n >= errlen)
+        return;
+    vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+}
+
+void cli_error(char *err, size_t errlen, const char *name, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cli_verror(err, errlen, name, fmt, ap);
+    va_end(ap);
+}
+
 int cli_is_help(const char *arg) {
     return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
 }

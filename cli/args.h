@@ -6,12 +6,24 @@
 #ifndef SDPA_CLI_ARGS_H
 #define SDPA_CLI_ARGS_H
 
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Prints the message for subcommand cmd on stderr. @return CLI_USAGE (2). */
 int cli_usage_error(const char *cmd, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Writes "NAME: message" into err (which may be NULL or empty). A name longer than half of
+ * err keeps its start and its end around "...", so that the message, the part that says what
+ * is wrong, still fits (a path of 4000 characters once left no room for it). */
+void cli_verror(char *err, size_t errlen, const char *name, const char *fmt, va_list ap);
+void cli_error(char *err, size_t errlen, const char *name, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
 #endif
     ;
 

@@ -13,6 +13,7 @@
 #include "args.h"
 #include "bench.h"
 #include "cli.h"
+#include "outputs.h"
 
 #include "sdpa.h"
 
@@ -48,7 +49,8 @@ static const char help[] =
     "                       as PyTorch's is_causal) or causal-br (bottom-right aligned).\n"
     "  --threads N          threads of the library and of the peak probe (default 0 = one per\n"
     "                       online core)\n"
-    "  --json FILE          also write every figure as JSON to FILE (via FILE.tmp, renamed)\n"
+    "  --json FILE          also write every figure as JSON to FILE (checked first, written\n"
+    "                       at the end through a temporary file; /dev/stdout works)\n"
     "  --reps N             at most N timed repetitions per shape (default 100)\n"
     "  --warmup N           untimed calls per shape before timing (default 1)\n"
     "  --min-time S         time budget per shape in seconds (default 1): after the warm-up,\n"
@@ -524,6 +526,21 @@ static int probe_library(const options *o, bench_run *ri, sdpa_isa *peak_isa) {
     return CLI_OK;
 }
 
+/* What --json writes: every figure of the run (bench_write_json), as an output_writer. */
+typedef struct json_arg {
+    const bench_run *ri;
+    const bench_result *rs;
+    int n;
+} json_arg;
+
+static int json_writer(FILE *f, const void *arg, char *err, size_t errlen) {
+    (void)err;
+    (void)errlen;
+    const json_arg *ja = arg;
+    bench_write_json(f, ja->ri, ja->rs, ja->n);
+    return 0;
+}
+
 int cli_bench(int argc, char **argv) {
     options o;
     const int prc = parse_options(argc, argv, &o);
@@ -545,23 +562,16 @@ int cli_bench(int argc, char **argv) {
     if (rc != CLI_OK)
         return rc;
 
-    /* Open the JSON file next: a bad path should fail now, not after minutes of timing. */
-    char *tmp = NULL;
-    FILE *jf = NULL;
-    if (o.json != NULL) {
-        tmp = malloc(strlen(o.json) + 5);
-        if (tmp == NULL) {
-            fprintf(stderr, "sdpa bench: out of memory (%zu bytes for a file name)\n",
-                    strlen(o.json) + 5);
-            return CLI_RUNTIME;
-        }
-        sprintf(tmp, "%s.tmp", o.json);
-        jf = fopen(tmp, "w");
-        if (jf == NULL) {
-            fprintf(stderr, "sdpa bench: cannot write %s: %s\n", tmp, strerror(errno));
-            free(tmp);
-            return CLI_RUNTIME;
-        }
+    /* Check the JSON file's path next: a bad one should fail now, not after minutes of
+     * timing. It is written at the end, all at once (outputs.h). */
+    json_arg ja = {&ri, NULL, 0};
+    outputs outs;
+    outputs_init(&outs);
+    outputs_add(&outs, "--json", o.json, json_writer, &ja);
+    char err[1024];
+    if ((rc = outputs_check(&outs, 0, NULL, NULL, err, sizeof err)) != 0) {
+        fprintf(stderr, "sdpa bench: %s\n", err);
+        return rc;
     }
 
     ri.preset = o.n_shapes == 0 ? o.preset : NULL;
@@ -599,32 +609,13 @@ int cli_bench(int argc, char **argv) {
     ri.peak_gflops = fmax(ri.peak_start.gflops, ri.peak_end.gflops);
     ri.peak_gbs = fmax(ri.peak_start.read_gbs, ri.peak_end.read_gbs);
     bench_print_table(stdout, &ri, rs, n_shapes);
-    if (jf != NULL) {
-        bench_write_json(jf, &ri, rs, n_shapes);
-        const int bad = ferror(jf);
-        if (fclose(jf) != 0 || bad) {
-            jf = NULL;
-            fprintf(stderr, "sdpa bench: cannot write %s\n", tmp);
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        jf = NULL;
-        if (rename(tmp, o.json) != 0) {
-            fprintf(stderr, "sdpa bench: cannot rename %s to %s: %s\n", tmp, o.json,
-                    strerror(errno));
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        free(tmp);
-        tmp = NULL;
+    ja.rs = rs;
+    ja.n = n_shapes;
+    if (outputs_commit(&outs, err, sizeof err) != 0) {
+        fprintf(stderr, "sdpa bench: %s\n", err);
+        rc = CLI_RUNTIME;
     }
 done:
-    if (jf != NULL)
-        fclose(jf);
-    if (tmp != NULL) {
-        remove(tmp);
-        free(tmp);
-    }
     free(rs);
     return rc;
 }

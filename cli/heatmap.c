@@ -2,7 +2,7 @@
  * heatmap.c — see heatmap.h. The work is done in four steps: lay out the picture (grid of
  * panels, block factors, cell size) so that it fits in HEATMAP_MAX_SIDE pixels; reduce each
  * shown head to its drawn cells (block means); find the colour scale; draw into an RGB
- * buffer, which heatmap_write_png hands to libpng's simplified API.
+ * buffer, which heatmap_png_write hands to libpng's simplified API.
  *
  * All text uses font.h at scale 2 (10 x 14 pixel capitals), large enough to read on a
  * laptop screen without zooming, and the same size in every picture so that pictures of
@@ -10,9 +10,9 @@
  */
 #include "heatmap.h"
 
-#include "atomic_file.h"
 #include "colormap.h"
 #include "font.h"
+#include "outputs.h"
 
 #include <png.h>
 
@@ -638,30 +638,30 @@ int heatmap_render(const float *w, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
     return 0;
 }
 
+int heatmap_png_write(FILE *f, const void *arg, char *err, size_t errlen) {
+    const heatmap_png *pic = arg;
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    img.width = (png_uint_32)pic->width;
+    img.height = (png_uint_32)pic->height;
+    img.format = PNG_FORMAT_RGB;
+    if (!png_image_write_to_stdio(&img, f, 0, pic->rgb, 0, NULL)) {
+        snprintf(err, errlen, "cannot write the PNG: %s", img.message);
+        png_image_free(&img);
+        return -1;
+    }
+    return 0;
+}
+
 int heatmap_write_png(const char *path, const float *w, int64_t B, int64_t H, int64_t Lq,
                       int64_t Lk, const heatmap_opts *o, char *err, size_t errlen) {
     uint8_t *px;
     heatmap_geometry g;
     if (heatmap_render(w, B, H, Lq, Lk, o, &px, &g, err, errlen) != 0)
         return -1;
-    atomic_file af;
-    if (atomic_file_open(&af, path, err, errlen) != 0) {
-        free(px);
-        return -1;
-    }
-    png_image img;
-    memset(&img, 0, sizeof img);
-    img.version = PNG_IMAGE_VERSION;
-    img.width = (png_uint_32)g.width;
-    img.height = (png_uint_32)g.height;
-    img.format = PNG_FORMAT_RGB;
-    const int ok = png_image_write_to_stdio(&img, af.f, 0, px, 0, NULL);
+    const heatmap_png pic = {px, g.width, g.height};
+    const int rc = outputs_write_one(path, heatmap_png_write, &pic, err, errlen);
     free(px);
-    if (!ok) {
-        snprintf(err, errlen, "%s: cannot write the PNG: %s", path, img.message);
-        png_image_free(&img);
-        atomic_file_abort(&af);
-        return -1;
-    }
-    return atomic_file_commit(&af, err, errlen);
+    return rc;
 }

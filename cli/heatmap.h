@@ -6,15 +6,16 @@
  * and the title says so. Non-finite weights are drawn in magenta and counted in the legend.
  *
  * The picture is rendered into memory (heatmap_render, which the tests use to know where
- * each cell lies) and written by libpng through a temporary file renamed at the end
- * (heatmap_write_png), so a failure never leaves a partial file. Both are thread safe: all
- * state lives in their arguments.
+ * each cell lies) and written by libpng (heatmap_png_write), committed as cli/outputs.h says,
+ * so a failure never leaves a partial file. Both are thread safe: all state lives in their
+ * arguments.
  */
 #ifndef SDPA_CLI_HEATMAP_H
 #define SDPA_CLI_HEATMAP_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define HEATMAP_MAX_PANELS 64     /* heads in one grid; more would leave each too small */
 #define HEATMAP_MAX_SIDE 2000     /* pixels; the picture fits in this square */
@@ -63,8 +64,18 @@ int heatmap_render(const float *w, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
                    const heatmap_opts *o, uint8_t **rgb, heatmap_geometry *g, char *err,
                    size_t errlen);
 
-/* Renders weights (B, H, Lq, Lk), contiguous f32, as a PNG at path through a temporary file
- * renamed at the end (cli/atomic_file.h). o may be NULL for the defaults.
+/* A rendered picture (heatmap_render's buffer and size), to write as a PNG. */
+typedef struct heatmap_png {
+    const uint8_t *rgb;
+    int width, height;
+} heatmap_png;
+
+/* Writes the heatmap_png at arg to f as a PNG (an output_writer of outputs.h).
+ * @return 0, or -1 with libpng's message in err. */
+int heatmap_png_write(FILE *f, const void *arg, char *err, size_t errlen);
+
+/* Renders weights (B, H, Lq, Lk), contiguous f32, and writes the PNG to path, committed as
+ * outputs.h says. o may be NULL for the defaults.
  * @return 0, or -1 with a message in err that names the file where the file is at fault;
  *         path is then untouched and no temporary file remains. */
 int heatmap_write_png(const char *path, const float *w, int64_t B, int64_t H, int64_t Lq,

@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "heatmap.h"
 #include "npy.h"
+#include "outputs.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -29,7 +30,7 @@ static const char heatmap_usage[] =
     "  --weights FILE  a float32 .npy array of weights: (Lq, Lk), (H, Lq, Lk) or\n"
     "                  (B, H, Lq, Lk), as written by 'sdpa run --weights'\n"
     "  --out FILE      the PNG to write (through a temporary file, so a failure never\n"
-    "                  leaves a partial one)\n"
+    "                  leaves a partial one; not the weights' own file; /dev/stdout works)\n"
     "  --head H        draw head H only; 'all' (the default) draws a grid of every head of\n"
     "                  the batch element, at most 64, on one shared colour scale\n"
     "  --batch B       the batch element to draw (default 0)\n"
@@ -87,6 +88,16 @@ int cli_heatmap(int argc, char **argv) {
         return cli_usage_error("heatmap", "--weights and --out are required");
 
     char err[1024];
+    heatmap_png pic = {0};
+    outputs outs;
+    outputs_init(&outs);
+    outputs_add(&outs, "--out", out, heatmap_png_write, &pic);
+    const char *const in_opt = "--weights";
+    const int bad = outputs_check(&outs, 1, &in_opt, &weights, err, sizeof err);
+    if (bad != 0) {
+        fprintf(stderr, "sdpa heatmap: %s\n", err);
+        return bad;
+    }
     npy_array a;
     if (npy_load(weights, 0, &a, err, sizeof err) != 0) {
         fprintf(stderr, "sdpa heatmap: %s\n", err);
@@ -140,11 +151,19 @@ int cli_heatmap(int argc, char **argv) {
     o.title = title != NULL ? title : default_title;
     o.subtitle = subtitle;
     o.max_cells = (int)max_cells;
-    if (heatmap_write_png(out, a.data, shape[0], shape[1], shape[2], shape[3], &o, err,
-                          sizeof err) != 0) {
+    uint8_t *px = NULL;
+    heatmap_geometry g;
+    if (heatmap_render(a.data, shape[0], shape[1], shape[2], shape[3], &o, &px, &g, err,
+                       sizeof err) == 0) {
+        pic.rgb = px;
+        pic.width = g.width;
+        pic.height = g.height;
+    }
+    if (px == NULL || outputs_commit(&outs, err, sizeof err) != 0) {
         fprintf(stderr, "sdpa heatmap: %s\n", err);
         rc = CLI_RUNTIME;
     }
+    free(px);
 done:
     npy_free(&a);
     return rc;

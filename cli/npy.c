@@ -14,7 +14,8 @@
 
 #include "npy.h"
 
-#include "atomic_file.h"
+#include "args.h"
+#include "outputs.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -43,27 +44,12 @@ static const char *display_name(const char *name) {
     return name != NULL ? name : "(buffer)";
 }
 
-/* Writes "NAME: message" into err (which may be NULL or empty). A name longer than half of
- * err keeps its start and its end around "...", so that the message, the part that says what
- * is wrong, still fits (a path of 4000 characters once left no room for it). */
+/* "NAME: message" into err, the name shortened in the middle when long (cli_verror). */
 NPY_PRINTF(4, 5)
 static void set_err(char *err, size_t errlen, const char *name, const char *fmt, ...) {
-    if (err == NULL || errlen == 0)
-        return;
-    const char *nm = display_name(name);
-    const size_t len = strlen(nm), room = errlen / 2;
-    int n;
-    if (len > room && room >= 16) {
-        const int part = (int)(room / 2) - 2;
-        n = snprintf(err, errlen, "%.*s...%s: ", part, nm, nm + len - (size_t)part);
-    } else {
-        n = snprintf(err, errlen, "%s: ", nm);
-    }
-    if (n < 0 || (size_t)n >= errlen)
-        return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+    cli_verror(err, errlen, display_name(name), fmt, ap);
     va_end(ap);
 }
 
@@ -772,50 +758,74 @@ static int write_bool(FILE *f, const unsigned char *data, size_t n) {
     return 0;
 }
 
+/* The header of an array, or a message (without a file name) saying why it cannot be saved.
+ * @return its length, or 0. */
+static size_t header_for(const npy_out *a, unsigned char *header, size_t cap, size_t *bytes,
+                         char *err, size_t errlen) {
+    const char *descr = a->dtype == SDPA_F32    ? "<f4"
+                        : a->dtype == SDPA_F16  ? "<f2"
+                        : a->dtype == SDPA_BF16 ? "<V2"
+                        : a->dtype == SDPA_BOOL ? "|b1"
+                                                : NULL;
+    int64_t count;
+    if (descr == NULL) {
+        snprintf(err, errlen, "cannot save dtype %d", (int)a->dtype);
+        return 0;
+    }
+    if (a->ndim < 0 || a->ndim > NPY_MAX_DIMS) {
+        snprintf(err, errlen, "cannot save %d dimensions (0 to %d)", a->ndim, NPY_MAX_DIMS);
+        return 0;
+    }
+    if (check_extent(a->ndim, a->shape, sdpa_dtype_size(a->dtype), &count, bytes) != 0) {
+        snprintf(err, errlen, "cannot save: negative or overflowing shape");
+        return 0;
+    }
+    if (a->data == NULL && *bytes > 0) {
+        snprintf(err, errlen, "cannot save: no data");
+        return 0;
+    }
+    const size_t len = format_header(header, cap, descr, a->ndim, a->shape);
+    if (len == 0)
+        snprintf(err, errlen, "cannot save: header too long");
+    return len;
+}
+
+int npy_write(FILE *f, const void *arg, char *err, size_t errlen) {
+    const npy_out *a = arg;
+    unsigned char header[1024];
+    size_t bytes = 0;
+    const size_t header_len = header_for(a, header, sizeof header, &bytes, err, errlen);
+    if (header_len == 0)
+        return -1;
+    if (fwrite(header, 1, header_len, f) != header_len)
+        return 0; /* the caller sees ferror */
+    if (bytes > 0) {
+        if (a->dtype == SDPA_BOOL)
+            (void)write_bool(f, a->data, bytes);
+        else
+            (void)fwrite(a->data, 1, bytes, f);
+    }
+    return 0;
+}
+
 int npy_save(const char *path, sdpa_dtype dtype, int ndim, const int64_t *shape, const void *data,
              char *err, size_t errlen) {
     if (err != NULL && errlen > 0)
         err[0] = '\0';
-    const char *descr = dtype == SDPA_F32    ? "<f4"
-                        : dtype == SDPA_F16  ? "<f2"
-                        : dtype == SDPA_BF16 ? "<V2"
-                        : dtype == SDPA_BOOL ? "|b1"
-                                             : NULL;
-    if (descr == NULL) {
-        set_err(err, errlen, path, "cannot save dtype %d", (int)dtype);
+    if (ndim > 0 && shape == NULL) {
+        set_err(err, errlen, path, "cannot save %d dimensions without a shape", ndim);
         return -1;
     }
-    if (ndim < 0 || ndim > NPY_MAX_DIMS || (ndim > 0 && shape == NULL)) {
-        set_err(err, errlen, path, "cannot save %d dimensions (0 to %d)", ndim, NPY_MAX_DIMS);
-        return -1;
-    }
-    int64_t count;
-    size_t bytes;
-    if (check_extent(ndim, shape, sdpa_dtype_size(dtype), &count, &bytes) != 0) {
-        set_err(err, errlen, path, "cannot save: negative or overflowing shape");
-        return -1;
-    }
-    if (data == NULL && bytes > 0) {
-        set_err(err, errlen, path, "cannot save: no data");
-        return -1;
-    }
+    npy_out a = {dtype, ndim, {0}, data};
+    for (int d = 0; d < ndim && d < NPY_MAX_DIMS; d++)
+        a.shape[d] = shape[d];
+    /* refused before the file system is touched */
     unsigned char header[1024];
-    const size_t header_len = format_header(header, sizeof header, descr, ndim, shape);
-    if (header_len == 0) {
-        set_err(err, errlen, path, "cannot save: header too long");
+    size_t bytes;
+    char why[256];
+    if (header_for(&a, header, sizeof header, &bytes, why, sizeof why) == 0) {
+        set_err(err, errlen, path, "%s", why);
         return -1;
     }
-    atomic_file af;
-    if (atomic_file_open(&af, path, err, errlen) != 0)
-        return -1;
-    int ok = fwrite(header, 1, header_len, af.f) == header_len;
-    if (ok && bytes > 0)
-        ok = dtype == SDPA_BOOL ? write_bool(af.f, data, bytes) == 0
-                                : fwrite(data, 1, bytes, af.f) == bytes;
-    if (!ok) {
-        set_err(err, errlen, path, "write failed: %s", strerror(errno));
-        atomic_file_abort(&af);
-        return -1;
-    }
-    return atomic_file_commit(&af, err, errlen);
+    return outputs_write_one(path, npy_write, &a, err, errlen);
 }

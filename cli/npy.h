@@ -34,6 +34,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define NPY_MAX_DIMS 8
 #define NPY_MAX_HEADER 65536                    /* bytes of header dictionary accepted */
@@ -87,9 +88,21 @@ int npy_load(const char *path, int flags, npy_array *out, char *err, size_t errl
 int npy_load_buffer(const unsigned char *buf, size_t len, int flags, const char *name,
                     npy_array *out, char *err, size_t errlen);
 
-/* Writes a C-order array of dtype (F32, F16, BF16 or BOOL) and shape[0..ndim) from data to
- * path, through a temporary file renamed at the end. Bool bytes are written as 0 or 1 (numpy
- * bools hold nothing else). data may be NULL when the array is empty.
+/* An array to write: C order, dtype F32, F16, BF16 or BOOL, shape[0..ndim). data may be
+ * NULL when the array is empty. */
+typedef struct npy_out {
+    sdpa_dtype dtype;
+    int ndim;
+    int64_t shape[NPY_MAX_DIMS];
+    const void *data;
+} npy_out;
+
+/* Writes the npy_out at arg to f (an output_writer of outputs.h). Bool bytes are written as
+ * 0 or 1 (numpy bools hold nothing else). @return 0 (write errors are left in ferror(f)), or
+ * -1 with a message in err when the array cannot be saved at all. */
+int npy_write(FILE *f, const void *arg, char *err, size_t errlen);
+
+/* npy_write to path, committed as outputs.h says (a temporary file renamed at the end).
  * @return 0, or -1 with a message in err that starts with path (the target is then
  *         untouched and no temporary file is left). */
 int npy_save(const char *path, sdpa_dtype dtype, int ndim, const int64_t *shape, const void *data,

@@ -5,18 +5,18 @@
  *
  * Arrays of rank 2 (L, D), 3 (H, L, D) or 4 (B, H, L, D) are aligned on the right, as numpy
  * broadcasts; a mask of rank 1 to 4 likewise (shape (..., Lq, Lk)). Everything is checked and
- * computed before the first file is written, and each file is written through a temporary
- * file renamed at the end, so an error never leaves a partial file behind.
+ * computed before the first file is written, and the files are committed all or nothing
+ * (outputs.h): an error never leaves a partial file behind, or some files new and some old.
  */
 #include "args.h"
 #include "cli.h"
 #include "heatmap.h"
 #include "npy.h"
+#include "outputs.h"
 
 #include "sdpa.h"
 
 #include <errno.h>
-#include <libgen.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +52,9 @@ static const char usage[] =
     "  --alibi-slopes FILE  ALiBi with the Hq slopes in FILE (<f4, rank 1)\n"
     "  --threads N          threads (default: all cores)\n"
     "\n"
-    "outputs (each written to a temporary file and renamed; nothing on error):\n"
+    "outputs (all or nothing: each file is written to a temporary file, and all are renamed\n"
+    "into place together at the end; /dev/stdout, devices and FIFOs are written directly;\n"
+    "no output may name an input or another output; see sdpa(1), OUTPUT FILES):\n"
     "  --out FILE           the output, shape (.., Hq, Lq, Dv), dtype of Q\n"
     "  --lse FILE           the log-sum-exp of each row, (.., Hq, Lq), <f4\n"
     "  --weights FILE       the attention weights, (.., Hq, Lq, Lk), <f4\n"
@@ -277,20 +279,6 @@ static void standard_slopes(int64_t h, float *slopes) {
         slopes[n + i] = (float)pow(2.0, -8.0 * (double)(2 * i + 1) / (double)(2 * n));
 }
 
-/* Fails early, before any work, if an output's directory cannot take a new file. */
-static int check_writable(const char *path) {
-    if (path == NULL)
-        return CLI_OK;
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    const char *dir = dirname(buf);
-    if (access(dir, W_OK) != 0) {
-        fprintf(stderr, "sdpa run: %s: cannot write in %s: %s\n", path, dir, strerror(errno));
-        return CLI_RUNTIME;
-    }
-    return CLI_OK;
-}
-
 /* The shape of an output: Q's leading dimensions, then `last` (0 = drop the last). */
 static int out_shape(const input *q, int64_t last, int64_t *shape) {
     int nd = q->a.ndim;
@@ -325,14 +313,29 @@ int cli_run(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
-    const char *outs[] = {a.out, a.lse, a.weights, a.heatmap};
-    for (size_t n = 0; n < 4; n++)
-        if ((rc = check_writable(outs[n])) != CLI_OK)
+    /* every output checked before any work: distinct, not an input, writable */
+    npy_out o_out = {0}, o_lse = {0}, o_w = {0};
+    heatmap_png pic = {0};
+    outputs outs;
+    outputs_init(&outs);
+    outputs_add(&outs, "--out", a.out, npy_write, &o_out);
+    outputs_add(&outs, "--lse", a.lse, npy_write, &o_lse);
+    outputs_add(&outs, "--weights", a.weights, npy_write, &o_w);
+    outputs_add(&outs, "--heatmap", a.heatmap, heatmap_png_write, &pic);
+    {
+        const char *const in_opts[] = {"--q", "--k", "--v", "--mask", "--alibi-slopes"};
+        const char *const in_paths[] = {a.q, a.k, a.v, a.mask, a.slopes};
+        char why[1024];
+        if ((rc = outputs_check(&outs, 5, in_opts, in_paths, why, sizeof why)) != 0) {
+            fprintf(stderr, "sdpa run: %s\n", why);
             return rc;
+        }
+    }
 
     input q = {0}, k = {0}, v = {0}, mask = {0}, sl = {0};
     float *slopes = NULL, *o32 = NULL, *lse = NULL, *w = NULL;
     void *out = NULL;
+    uint8_t *px = NULL;
     sdpa_ctx *ctx = NULL;
     rc = CLI_RUNTIME;
     const int qkv_flags = a.bf16 ? NPY_BF16 : 0;
@@ -445,25 +448,17 @@ int cli_run(int argc, char **argv) {
         goto done;
     }
 
-    /* everything is computed: now the files */
-    char err[512];
-    int64_t shape[4];
-    int nd;
-    if (a.out != NULL) {
-        nd = out_shape(&q, Dv, shape);
-        if (npy_save(a.out, q.a.dtype, nd, shape, out, err, sizeof err) != 0)
-            goto save_failed;
-    }
-    if (a.lse != NULL) {
-        nd = out_shape(&q, 0, shape);
-        if (npy_save(a.lse, SDPA_F32, nd, shape, lse, err, sizeof err) != 0)
-            goto save_failed;
-    }
-    if (a.weights != NULL) {
-        nd = out_shape(&q, Lk, shape);
-        if (npy_save(a.weights, SDPA_F32, nd, shape, w, err, sizeof err) != 0)
-            goto save_failed;
-    }
+    /* everything is computed: now the files, all or nothing */
+    char err[1024];
+    o_out.dtype = q.a.dtype;
+    o_out.ndim = out_shape(&q, Dv, o_out.shape);
+    o_out.data = out;
+    o_lse.dtype = SDPA_F32;
+    o_lse.ndim = out_shape(&q, 0, o_lse.shape);
+    o_lse.data = lse;
+    o_w.dtype = SDPA_F32;
+    o_w.ndim = out_shape(&q, Lk, o_w.shape);
+    o_w.data = w;
     if (a.heatmap != NULL) {
         char title[512], sub[256];
         snprintf(title, sizeof title, "attention weights %s x %s", a.q, a.k);
@@ -476,9 +471,15 @@ int cli_run(int argc, char **argv) {
         ho.head = a.head;
         ho.title = title;
         ho.subtitle = sub[0] != '\0' ? sub : NULL;
-        if (heatmap_write_png(a.heatmap, w, B, Hq, Lq, Lk, &ho, err, sizeof err) != 0)
+        heatmap_geometry g;
+        if (heatmap_render(w, B, Hq, Lq, Lk, &ho, &px, &g, err, sizeof err) != 0)
             goto save_failed;
+        pic.rgb = px;
+        pic.width = g.width;
+        pic.height = g.height;
     }
+    if (outputs_commit(&outs, err, sizeof err) != 0)
+        goto save_failed;
     if (a.out == NULL && a.lse == NULL && a.weights == NULL && a.heatmap == NULL) {
         if (q.a.dtype == SDPA_F32) {
             print_result(out, (int64_t)n_rows, Dv, &q);
@@ -510,5 +511,6 @@ done:
     free(o32);
     free(lse);
     free(w);
+    free(px);
     return rc;
 }
