@@ -129,9 +129,29 @@ static const char *describe_type(const char *t, char *buf, size_t cap) {
     "accepted: '<f4' (float32), '<f2' (float16), '|b1' (bool), and '<V2' or '<u2' as "             \
     "bfloat16 with --dtype bf16"
 
-/* Maps a descr to a dtype, or explains why it is refused. */
-static int classify_descr(const char *d, int flags, const char *name, sdpa_dtype *dtype, char *err,
-                          size_t errlen) {
+/* Whether d is a little-endian (or byte-order-free, one-byte) integer type: '|i1', '<i2',
+ * '<u8', ...; its size in *bytes and signedness in *is_signed. */
+static int int_descr(const char *d, int *bytes, int *is_signed) {
+    if ((d[0] != '<' && d[0] != '|') || (d[1] != 'i' && d[1] != 'u') || d[2] == '\0' ||
+        d[3] != '\0')
+        return 0;
+    const int n = d[2] - '0';
+    if ((n != 1 && n != 2 && n != 4 && n != 8) || (d[0] == '|' && n != 1))
+        return 0;
+    *bytes = n;
+    *is_signed = d[1] == 'i';
+    return 1;
+}
+
+/* Maps a descr to a dtype (and, for an integer keep-mask, its integers' size and sign), or
+ * explains why it is refused. */
+static int classify_descr(const char *d, int flags, const char *name, sdpa_dtype *dtype,
+                          npy_header *h, char *err, size_t errlen) {
+    /* before the table: under NPY_INT_MASK a '<u2' is a mask of integers, not bfloat16 */
+    if ((flags & NPY_INT_MASK) && int_descr(d, &h->int_bytes, &h->int_signed)) {
+        *dtype = SDPA_BOOL;
+        return 0;
+    }
     /* Two-byte raw values: '<V2' is what ml_dtypes' bfloat16 writes, '|V2' numpy's own view
      * as 'V2', '<u2' a torch bfloat16 tensor viewed as uint16. They are bfloat16 only when
      * the user says so, since a '<u2' file may just as well hold integers. */
@@ -499,8 +519,10 @@ int npy_parse_header(const unsigned char *buf, size_t len, int flags, const char
         return -1;
     }
     sdpa_dtype dtype;
-    if (classify_descr(d.descr, flags, name, &dtype, err, errlen) != 0)
+    if (classify_descr(d.descr, flags, name, &dtype, h, err, errlen) != 0)
         return -1;
+    /* the bytes of one element in the file: an integer mask's, else its dtype's */
+    const size_t esize = h->int_bytes > 0 ? (size_t)h->int_bytes : sdpa_dtype_size(dtype);
     if (d.fortran) {
         set_err(err, errlen, name,
                 "Fortran order is not supported; save np.ascontiguousarray(arr) instead");
@@ -508,13 +530,13 @@ int npy_parse_header(const unsigned char *buf, size_t len, int flags, const char
     }
     int64_t count;
     size_t bytes;
-    if (check_extent(d.ndim, d.shape, sdpa_dtype_size(dtype), &count, &bytes) != 0) {
+    if (check_extent(d.ndim, d.shape, esize, &count, &bytes) != 0) {
         char s[NPY_SHAPE_CHARS];
         npy_format_shape(s, sizeof s, d.ndim, d.shape);
         set_err(err, errlen, name,
                 "the shape %s is too large: the product of its non-zero extents times %zu "
                 "bytes overflows",
-                s, sdpa_dtype_size(dtype));
+                s, esize);
         return -1;
     }
     const size_t offset = prefix + hlen;
@@ -554,6 +576,48 @@ static int check_data_size(const npy_header *h, size_t have, const char *name, c
     return -1;
 }
 
+/* An integer keep-mask read under NPY_INT_MASK: its h->int_bytes-byte integers become bool
+ * bytes, in place (element i moves down to byte i), when every one is 0 or 1. Anything else
+ * is refused with the first offending element: such a file is not a keep-mask, and reading
+ * it as one (or as a bias) would be a guess. */
+static int int_mask_to_bool(const npy_header *h, npy_array *a, const char *name, char *err,
+                            size_t errlen) {
+    if (h->int_bytes == 0)
+        return 0;
+    unsigned char *p = a->data;
+    const size_t k = (size_t)h->int_bytes;
+    for (int64_t i = 0; i < a->count; i++) {
+        uint64_t u = 0;
+        for (size_t b = 0; b < k; b++)
+            u |= (uint64_t)p[(size_t)i * k + b] << (8 * b);
+        if (u > 1) {
+            /* the element's index as a tuple, and its value as numpy would print it */
+            int64_t idx[NPY_MAX_DIMS], rest = i;
+            for (int d = a->ndim - 1; d >= 0; d--) {
+                idx[d] = a->shape[d] > 0 ? rest % a->shape[d] : 0;
+                rest = a->shape[d] > 0 ? rest / a->shape[d] : 0;
+            }
+            char at[NPY_SHAPE_CHARS];
+            npy_format_shape(at, sizeof at, a->ndim, idx);
+            const int neg = h->int_signed && (u >> (8 * k - 1)) & 1;
+            const int64_t sv = neg ? (int64_t)(u | (k < 8 ? ~UINT64_C(0) << (8 * k) : 0)) : 0;
+            char val[32];
+            if (neg)
+                snprintf(val, sizeof val, "%" PRId64, sv);
+            else
+                snprintf(val, sizeof val, "%" PRIu64, u);
+            set_err(err, errlen, name,
+                    "an integer mask must hold only 0 and 1 (a keep-mask: 1 = attend), but the "
+                    "element at %s is %s; save an additive mask with arr.astype('<f4')",
+                    a->ndim > 0 ? at : "()", val);
+            return -1;
+        }
+        p[i] = (unsigned char)u;
+    }
+    a->nbytes = (size_t)a->count;
+    return 0;
+}
+
 /* Fills out with an allocated buffer of h->data_bytes (at least 1 byte, so that data is never
  * NULL on success, even for an empty array). */
 static int alloc_array(const npy_header *h, const char *name, npy_array *out, char *err,
@@ -582,6 +646,10 @@ int npy_load_buffer(const unsigned char *buf, size_t len, int flags, const char 
     if (alloc_array(&h, name, out, err, errlen) != 0)
         return -1;
     memcpy(out->data, buf + h.data_offset, h.data_bytes);
+    if (int_mask_to_bool(&h, out, name, err, errlen) != 0) {
+        npy_free(out);
+        return -1;
+    }
     return 0;
 }
 
@@ -659,7 +727,8 @@ int npy_load(const char *path, int flags, npy_array *out, char *err, size_t errl
     size_t extra = 0;
     while (n == h.data_bytes && fgetc(f) != EOF && extra < SIZE_MAX - h.data_bytes)
         extra++;
-    if (check_data_size(&h, n + extra, path, err, errlen) != 0)
+    if (check_data_size(&h, n + extra, path, err, errlen) != 0 ||
+        int_mask_to_bool(&h, out, path, err, errlen) != 0)
         goto done;
     rc = 0;
 done:

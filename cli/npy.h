@@ -49,6 +49,8 @@ typedef struct npy_header {
     int64_t count;      /* product of the shape (1 for ndim 0) */
     size_t data_offset; /* bytes from the start of the file to the data */
     size_t data_bytes;  /* count * element size */
+    int int_bytes;  /* under NPY_INT_MASK, an integer file's element size (dtype BOOL); else 0 */
+    int int_signed; /* ... and whether its integers are signed */
 } npy_header;
 
 /* An array in memory; data is owned (free with npy_free). */
@@ -61,15 +63,18 @@ typedef struct npy_array {
     size_t nbytes;
 } npy_array;
 
-/* The flags of npy_parse_header, npy_load and npy_load_buffer (0 = neither). */
-enum { NPY_BF16 = 1, NPY_MASK = 2 };
+/* The flags of npy_parse_header, npy_load and npy_load_buffer (0 = none). */
+enum { NPY_BF16 = 1, NPY_MASK = 2, NPY_INT_MASK = 4 };
 
 /* Parses the first len bytes of a file (magic, version, header length, dictionary); len may
  * cover more than the header (the data is not looked at) but not less.
  * flags: NPY_BF16 accepts '<V2'/'|V2'/'<u2' as bfloat16; NPY_MASK says the file is a mask,
- * for the advice a refused dtype gets (astype(bool) for integers). name: the file name used in
- * messages (NULL reads "(buffer)"; shortened in the middle, "start...end", when longer than
- * half of errlen, so that the reason fits). err may be NULL; messages are cut to errlen and always
+ * for the advice a refused dtype gets (astype(bool) for integers); NPY_INT_MASK reads an
+ * array of little-endian integers ('|i1', '<i2', '<u4', '<i8', ..., '<u2' too) as a bool
+ * keep-mask (a tokenizer's attention_mask), which npy_load and npy_load_buffer accept only
+ * when every element is 0 or 1 (the message names the first that is not). name: the file name used
+ * in messages (NULL reads "(buffer)"; shortened in the middle, "start...end", when longer than half
+ * of errlen, so that the reason fits). err may be NULL; messages are cut to errlen and always
  * terminated.
  * @return 0 and fills *h, or -1 with a message in err ("q.npy: Fortran order is not
  *         supported; save np.ascontiguousarray(arr) instead"). Never reads beyond len and

@@ -33,10 +33,10 @@ static const char usage[] =
     "\n"
     "inputs:\n"
     "  --q FILE, --k FILE, --v FILE   the queries, keys and values (required)\n"
-    "  --mask FILE          bool (|b1, True = may attend) or additive (<f4/<f2) mask whose\n"
-    "                       shape broadcasts to (B, Hq, Lq, Lk), aligned on the right; a\n"
-    "                       tokenizer's attention_mask (int, (B, L)) is saved for it as\n"
-    "                       mask.astype(bool)[:, None, None, :]\n"
+    "  --mask FILE          keep-mask (bool |b1, or integers of 0 and 1; nonzero = may\n"
+    "                       attend) or additive mask (<f4/<f2) whose shape broadcasts to\n"
+    "                       (B, Hq, Lq, Lk), aligned on the right; a tokenizer's\n"
+    "                       attention_mask (B, L) is saved for it as mask[:, None, None, :]\n"
     "  --dtype bf16         read 2-byte raw arrays (<V2, <u2) as bfloat16\n"
     "\n"
     "parameters:\n"
@@ -56,6 +56,8 @@ static const char usage[] =
     "into place together at the end; /dev/stdout, devices and FIFOs are written directly;\n"
     "no output may name an input or another output; see sdpa(1), OUTPUT FILES):\n"
     "  --out FILE           the output, shape (.., Hq, Lq, Dv), dtype of Q\n"
+    "  --out-dtype T        f32, f16 or bf16: the output's dtype instead (bf16 is saved as\n"
+    "                       raw <V2, which numpy shows as bytes: f32 for numpy)\n"
     "  --lse FILE           the log-sum-exp of each row, (.., Hq, Lq), <f4\n"
     "  --weights FILE       the attention weights, (.., Hq, Lq, Lk), <f4\n"
     "  --heatmap FILE.png   a picture of the weights (all heads of batch element 0)\n"
@@ -67,6 +69,7 @@ static const char usage[] =
 typedef struct run_args {
     const char *q, *k, *v, *mask, *slopes, *out, *lse, *weights, *heatmap;
     int bf16, alibi, threads;
+    int out_dtype; /* -1: Q's; else the sdpa_dtype of --out */
     int64_t head;
     sdpa_params p;
 } run_args;
@@ -92,6 +95,7 @@ static int parse_align(const char *s, sdpa_align *out) {
 static int parse_args(int argc, char **argv, run_args *a) {
     memset(a, 0, sizeof *a);
     a->head = -1;
+    a->out_dtype = -1;
     /* The options that name a file, and where each goes; then the other options that take a
      * value. */
     const struct {
@@ -107,7 +111,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
                  {"--weights", &a->weights},
                  {"--heatmap", &a->heatmap}};
     static const char *const with_value[] = {"--dtype",   "--align",   "--window", "--scale",
-                                             "--softcap", "--threads", "--head"};
+                                             "--softcap", "--threads", "--head",   "--out-dtype"};
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i];
         if (cli_is_help(opt)) {
@@ -152,6 +156,15 @@ static int parse_args(int argc, char **argv, run_args *a) {
                                        "read from the files)",
                                        val);
             a->bf16 = 1;
+        } else if (strcmp(opt, "--out-dtype") == 0) {
+            if (strcmp(val, "f32") == 0)
+                a->out_dtype = SDPA_F32;
+            else if (strcmp(val, "f16") == 0)
+                a->out_dtype = SDPA_F16;
+            else if (strcmp(val, "bf16") == 0)
+                a->out_dtype = SDPA_BF16;
+            else
+                return cli_usage_error("run", "--out-dtype %s: expected f32, f16 or bf16", val);
         } else if (strcmp(opt, "--align") == 0) {
             if (parse_align(val, &a->p.align) != 0)
                 return cli_usage_error("run", "--align %s: expected top-left or bottom-right", val);
@@ -210,6 +223,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
         return cli_usage_error("run", "--alibi and --alibi-slopes exclude each other");
     if (a->head >= 0 && a->heatmap == NULL)
         return cli_usage_error("run", "--head only applies to --heatmap");
+    if (a->out_dtype >= 0 && a->out == NULL)
+        return cli_usage_error("run", "--out-dtype only applies to --out");
     return CLI_OK;
 }
 
@@ -333,7 +348,7 @@ int cli_run(int argc, char **argv) {
     }
 
     input q = {0}, k = {0}, v = {0}, mask = {0}, sl = {0};
-    float *slopes = NULL, *o32 = NULL, *lse = NULL, *w = NULL;
+    float *slopes = NULL, *lse = NULL, *w = NULL;
     void *out = NULL;
     uint8_t *px = NULL;
     sdpa_ctx *ctx = NULL;
@@ -354,9 +369,10 @@ int cli_run(int argc, char **argv) {
     const int64_t B = q.t.shape[0], Hq = q.t.shape[1], Lq = q.t.shape[2];
     const int64_t Lk = k.t.shape[2], Dv = v.t.shape[3];
     if (a.mask != NULL) {
-        /* read as bf16 where it is 2-byte raw, only to say what to do instead: --dtype bf16
-         * applies to Q, K and V, and no mask is bf16 */
-        if (load_input(&mask, a.mask, NPY_BF16 | NPY_MASK, 1, "the mask"))
+        /* integers of 0 and 1 are a keep-mask (a tokenizer's attention_mask); 2-byte raw
+         * values are read as bf16 only to say what to do instead: --dtype bf16 applies to Q,
+         * K and V, and no mask is bf16 */
+        if (load_input(&mask, a.mask, NPY_BF16 | NPY_MASK | NPY_INT_MASK, 1, "the mask"))
             goto done;
         if (mask.a.dtype == SDPA_BF16) {
             fprintf(stderr,
@@ -422,11 +438,15 @@ int cli_run(int argc, char **argv) {
         goto done;
     }
     const size_t n_out = (size_t)(B * Hq * Lq * Dv), n_rows = (size_t)(B * Hq * Lq);
-    out = malloc(n_out * sdpa_dtype_size(q.a.dtype));
+    /* the output in Q's dtype or --out-dtype's; f32 when it is only printed */
+    const sdpa_dtype out_dt = a.out == NULL      ? SDPA_F32
+                              : a.out_dtype >= 0 ? (sdpa_dtype)a.out_dtype
+                                                 : q.a.dtype;
+    out = malloc(n_out * sdpa_dtype_size(out_dt));
     lse = malloc(n_rows * sizeof *lse);
     if (out == NULL || lse == NULL)
         goto nomem;
-    sdpa_tensor to = sdpa_tensor_bhld(out, q.a.dtype, B, Hq, Lq, Dv);
+    sdpa_tensor to = sdpa_tensor_bhld(out, out_dt, B, Hq, Lq, Dv);
     sdpa_tensor tl = sdpa_tensor_bhld(lse, SDPA_F32, B, Hq, Lq, 1);
     st = sdpa_forward(ctx, &q.t, &k.t, &v.t, &a.p, &to, &tl);
     if (st == SDPA_OK && (a.weights != NULL || a.heatmap != NULL)) {
@@ -450,7 +470,7 @@ int cli_run(int argc, char **argv) {
 
     /* everything is computed: now the files, all or nothing */
     char err[1024];
-    o_out.dtype = q.a.dtype;
+    o_out.dtype = out_dt;
     o_out.ndim = out_shape(&q, Dv, o_out.shape);
     o_out.data = out;
     o_lse.dtype = SDPA_F32;
@@ -480,17 +500,8 @@ int cli_run(int argc, char **argv) {
     }
     if (outputs_commit(&outs, err, sizeof err) != 0)
         goto save_failed;
-    if (a.out == NULL && a.lse == NULL && a.weights == NULL && a.heatmap == NULL) {
-        if (q.a.dtype == SDPA_F32) {
-            print_result(out, (int64_t)n_rows, Dv, &q);
-        } else {
-            o32 = malloc(n_out * sizeof *o32);
-            sdpa_tensor t32 = sdpa_tensor_bhld(o32, SDPA_F32, B, Hq, Lq, Dv);
-            if (o32 == NULL || sdpa_forward(ctx, &q.t, &k.t, &v.t, &a.p, &t32, NULL) != SDPA_OK)
-                goto nomem;
-            print_result(o32, (int64_t)n_rows, Dv, &q);
-        }
-    }
+    if (a.out == NULL && a.lse == NULL && a.weights == NULL && a.heatmap == NULL)
+        print_result(out, (int64_t)n_rows, Dv, &q);
     rc = CLI_OK;
     goto done;
 
@@ -508,7 +519,6 @@ done:
     npy_free(&sl.a);
     free(slopes);
     free(out);
-    free(o32);
     free(lse);
     free(w);
     free(px);

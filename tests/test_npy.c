@@ -307,6 +307,103 @@ static void expect_dict_bad(const char *dict, const char *text) {
     CHECK(strncmp(err, "h.npy: ", 7) == 0);
 }
 
+/* A version-1.0 file of descr and shape (Python's text) holding the n bytes at data, in a new
+ * buffer of *len bytes. */
+static unsigned char *file_of(const char *descr, const char *shape, const void *data, size_t n,
+                              size_t *len) {
+    char dict[256];
+    snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr,
+             shape);
+    const size_t dn = strlen(dict), hlen = dn + 1 + (64 - (10 + dn + 1) % 64) % 64;
+    unsigned char *buf = malloc(10 + hlen + n);
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    buf[8] = (unsigned char)hlen;
+    buf[9] = (unsigned char)(hlen >> 8);
+    memcpy(buf + 10, dict, dn);
+    memset(buf + 10 + dn, ' ', hlen - dn - 1);
+    buf[10 + hlen - 1] = '\n';
+    memcpy(buf + 10 + hlen, data, n);
+    *len = 10 + hlen + n;
+    return buf;
+}
+
+/* NPY_INT_MASK: integer arrays of 0 and 1 come out as bool; any other value is refused with
+ * its index; without the flag integers stay refused. */
+static void test_int_masks(void) {
+    static const struct {
+        const char *descr;
+        int bytes;
+    } types[] = {{"|i1", 1}, {"|u1", 1}, {"<i1", 1}, {"<i2", 2}, {"<u2", 2},
+                 {"<i4", 4}, {"<u4", 4}, {"<i8", 8}, {"<u8", 8}};
+    const unsigned char want[6] = {1, 0, 1, 1, 0, 0};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const int k = types[t].bytes;
+        unsigned char data[6 * 8] = {0};
+        for (int i = 0; i < 6; i++)
+            data[i * k] = want[i]; /* little-endian: the low byte first */
+        size_t len;
+        unsigned char *buf = file_of(types[t].descr, "(2, 3)", data, (size_t)(6 * k), &len);
+        npy_array a;
+        char err[512];
+        CHECK_MSG(npy_load_buffer(buf, len, NPY_MASK | NPY_INT_MASK | NPY_BF16, "m.npy", &a, err,
+                                  sizeof err) == 0,
+                  "%s: %s", types[t].descr, err);
+        CHECK_MSG(a.dtype == SDPA_BOOL && a.count == 6 && a.nbytes == 6 && a.ndim == 2 &&
+                      a.data != NULL && memcmp(a.data, want, 6) == 0,
+                  "%s: not the bool mask", types[t].descr);
+        npy_free(&a);
+        /* a 2 in the last element's high byte, or (signed) -1 in element (1, 0) */
+        data[5 * k + k - 1] = 2;
+        free(buf);
+        buf = file_of(types[t].descr, "(2, 3)", data, (size_t)(6 * k), &len);
+        CHECK(npy_load_buffer(buf, len, NPY_INT_MASK, "m.npy", &a, err, sizeof err) == -1);
+        CHECK_CONTAINS(err, "m.npy: an integer mask must hold only 0 and 1");
+        CHECK_CONTAINS(err, "the element at (1, 2) is ");
+        CHECK(a.data == NULL);
+        data[5 * k + k - 1] = 0;
+        memset(data + 3 * k, 0xff, (size_t)k);
+        free(buf);
+        buf = file_of(types[t].descr, "(2, 3)", data, (size_t)(6 * k), &len);
+        CHECK(npy_load_buffer(buf, len, NPY_INT_MASK, "m.npy", &a, err, sizeof err) == -1);
+        CHECK_CONTAINS(err, types[t].descr[1] == 'i' ? "the element at (1, 0) is -1"
+                                                     : "the element at (1, 0) is ");
+        /* without the flag: refused, with a mask's advice under NPY_MASK */
+        CHECK(npy_load_buffer(buf, len, NPY_MASK, "m.npy", &a, err, sizeof err) == -1);
+        CHECK_CONTAINS(err, strcmp(types[t].descr, "<u2") == 0 ? "--dtype bf16" : "astype(bool)");
+        free(buf);
+    }
+    /* 0-d and empty integer masks; big-endian integers stay refused */
+    const int64_t one = 1;
+    size_t len;
+    unsigned char *buf = file_of("<i8", "()", &one, 8, &len);
+    npy_array a;
+    char err[512];
+    CHECK(npy_load_buffer(buf, len, NPY_INT_MASK, "m.npy", &a, err, sizeof err) == 0);
+    CHECK(a.dtype == SDPA_BOOL && a.count == 1 && a.nbytes == 1 && *(unsigned char *)a.data == 1);
+    npy_free(&a);
+    free(buf);
+    buf = file_of("<i4", "(0, 5)", NULL, 0, &len);
+    CHECK(npy_load_buffer(buf, len, NPY_INT_MASK, "m.npy", &a, err, sizeof err) == 0);
+    CHECK(a.dtype == SDPA_BOOL && a.count == 0 && a.nbytes == 0);
+    npy_free(&a);
+    free(buf);
+    buf = file_of(">i4", "(1,)", "\0\0\0\1", 4, &len);
+    CHECK(npy_load_buffer(buf, len, NPY_INT_MASK, "m.npy", &a, err, sizeof err) == -1);
+    CHECK_CONTAINS(err, "big-endian");
+    free(buf);
+    /* through a file, as npy_load reads it */
+    char path[512];
+    tmp_path(path, sizeof path, "int_mask.npy");
+    const int32_t ints[4] = {0, 1, 1, 0};
+    buf = file_of("<i4", "(4,)", ints, sizeof ints, &len);
+    CHECK(write_all(path, buf, len) == 0);
+    free(buf);
+    CHECK(npy_load(path, NPY_INT_MASK, &a, err, sizeof err) == 0);
+    CHECK(a.dtype == SDPA_BOOL && a.count == 4 && memcmp(a.data, "\0\1\1\0", 4) == 0);
+    npy_free(&a);
+    remove(path);
+}
+
 static void test_header_accepts(void) {
     expect_dict_ok("{'descr':'<f4','fortran_order':False,'shape':(3,)}", SDPA_F32, 1, 3);
     expect_dict_ok("{'descr': '<f2', 'fortran_order': False, 'shape': (3, 4,), }", SDPA_F16, 2, 3);
@@ -696,7 +793,7 @@ int main(int argc, char **argv) {
                   CASE(test_header_accepts), CASE(test_header_refuses), CASE(test_header_framing),
                   CASE(test_load_errors), CASE(test_save_round_trips), CASE(test_save_refuses),
                   CASE(test_save_missing_dir), CASE(test_save_replaces_atomically),
-                  CASE(test_format_shape), CASE(test_to_f32));
+                  CASE(test_format_shape), CASE(test_to_f32), CASE(test_int_masks));
     tu_remove_dir(tmp_dir);
     return rc;
 }

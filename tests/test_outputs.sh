@@ -145,6 +145,7 @@ clean file_size_limit_clean
 # regular output already complete in its temporary) removes the temporary and replaces
 # nothing.
 for sig in TERM HUP; do
+  printf old > keep.npy
   "$sdpa" run $in --out keep.npy --lse fifo 2> err &
   pid=$!
   for _ in $(seq 100); do

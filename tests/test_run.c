@@ -147,6 +147,23 @@ static void write_inputs(void) {
         amb[i] = (unsigned char)am[i];
     const int64_t sam[2] = {B, LK};
     save("mask_padding.npy", SDPA_BOOL, 2, sam, amb);
+    /* integer keep-masks, read as bool: the attention_mask reshaped to (B, 1, 1, Lk), the
+     * bool (Lq, Lk) mask as uint8, one holding a 2, and a float64 mask (refused) */
+    char am4_shape[32];
+    snprintf(am4_shape, sizeof am4_shape, "(%d, 1, 1, %d)", B, LK);
+    save_raw("mask_int64_4d.npy", "<i8", am4_shape, am, sizeof am);
+    char mb_shape[32];
+    snprintf(mb_shape, sizeof mb_shape, "(%d, %d)", LQ, LK);
+    save_raw("mask_u1.npy", "|u1", mb_shape, mb, (size_t)(LQ * LK));
+    int32_t mi[LQ * LK];
+    for (int i = 0; i < LQ * LK; i++)
+        mi[i] = mb[i];
+    mi[LK + 3] = 2;
+    save_raw("mask_int_bad.npy", "<i4", mb_shape, mi, sizeof mi);
+    double md[LQ * LK];
+    for (int i = 0; i < LQ * LK; i++)
+        md[i] = mb[i];
+    save_raw("mask_f64.npy", "<f8", mb_shape, md, sizeof md);
     /* ALiBi slopes: the standard ones for 3 heads (2^-4, 2^-8, then 2^-2 from the 4-head
      * sequence) and a wrong-length file */
     const float sl[3] = {0.0625f, 0.00390625f, 0.25f};
@@ -281,6 +298,16 @@ static void test_every_parameter(void) {
     CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --mask mask_add.npy --out out.npy"), 0);
     p.mask = &tma;
     check_out("--mask additive (B, 1, 1, Lk)", &p, 1e-5);
+    /* integer keep-masks: the same as their bool twins */
+    CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --mask mask_u1.npy --out out.npy"), 0);
+    p.mask = &tmb;
+    check_out("--mask uint8 (Lq, Lk)", &p, 1e-5);
+    npy_array mp = load("mask_padding.npy");
+    sdpa_tensor tmp4 = sdpa_tensor_bhld(mp.data, SDPA_BOOL, B, 1, 1, LK);
+    CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --mask mask_int64_4d.npy --out out.npy"), 0);
+    p.mask = &tmp4;
+    check_out("--mask int64 attention_mask (B, 1, 1, Lk)", &p, 1e-5);
+    npy_free(&mp);
     npy_free(&mb);
     npy_free(&ma);
 }
@@ -307,7 +334,27 @@ static void test_threads_dtypes_ranks(void) {
     CHECK_INT_EQ(run("--q q_bf16.npy --k k.npy --v v.npy --dtype bf16 --out ob.npy"), 0);
     npy_array ob = load("ob.npy");
     CHECK(ob.dtype == SDPA_BF16);
+    /* --out-dtype: bf16 queries, an f32 file numpy reads as numbers; the same values as the
+     * bf16 file to within bf16's rounding of them */
+    CHECK_INT_EQ(run("--q q_bf16.npy --k k.npy --v v.npy --dtype bf16 --out-dtype f32 "
+                     "--out ob32.npy"),
+                 0);
+    npy_array ob32 = load("ob32.npy");
+    CHECK(ob32.dtype == SDPA_F32 && ob32.count == ob.count);
+    for (int64_t i = 0; ob32.data && ob.data && i < ob.count; i++) {
+        uint32_t bits = (uint32_t)((const uint16_t *)ob.data)[i] << 16;
+        float wide;
+        memcpy(&wide, &bits, sizeof wide);
+        const float got = ((const float *)ob32.data)[i];
+        CHECK_MSG(fabsf(got - wide) <= 0x1p-8f * fabsf(wide) + 1e-30f, "out[%lld]: %g vs %g",
+                  (long long)i, (double)got, (double)wide);
+    }
+    npy_free(&ob32);
     npy_free(&ob);
+    CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --out-dtype f16 --out oh2.npy"), 0);
+    npy_array oh2 = load("oh2.npy");
+    CHECK(oh2.dtype == SDPA_F16 && oh2.count == B * HQ * LQ * DV);
+    npy_free(&oh2);
     /* rank 2 in, rank 2 out; rank 3 queries need rank 3 keys */
     CHECK_INT_EQ(run("--q q2.npy --k k2.npy --v v2.npy --out o2.npy --lse l2.npy"), 0);
     npy_array o2 = load("o2.npy"), l2 = load("l2.npy");
@@ -365,8 +412,18 @@ static void test_errors(void) {
          "save a keep-mask as bool (mask.astype(bool))", 1},
         {"--q slopes.npy --k k.npy --v v.npy --out e.npy", "slopes.npy (the queries) has rank 1",
          1},
-        {"--q q.npy --k k.npy --v v.npy --mask mask_int64.npy --out e.npy",
+        {"--q q.npy --k k.npy --v v.npy --mask mask_f64.npy --out e.npy",
          "convert a keep-mask (1 = attend) with arr.astype(bool)", 1},
+        {"--q q.npy --k k.npy --v v.npy --mask mask_int64.npy --out e.npy",
+         "a (B, Lk) padding mask needs the shape (B, 1, 1, Lk)", 1},
+        {"--q q.npy --k k.npy --v v.npy --mask mask_int_bad.npy --out e.npy",
+         "an integer mask must hold only 0 and 1 (a keep-mask: 1 = attend), but the element at "
+         "(1, 3) is 2",
+         1},
+        {"--q q.npy --k k.npy --v v.npy --out-dtype f64 --out e.npy",
+         "--out-dtype f64: expected f32, f16 or bf16", 2},
+        {"--q q.npy --k k.npy --v v.npy --out-dtype f32 --lse e.npy",
+         "--out-dtype only applies to --out", 2},
         {"--q q.npy --k k.npy --v v.npy --mask mask_padding.npy --out e.npy",
          "a (B, Lk) padding mask needs the shape (B, 1, 1, Lk): save mask[:, None, None, :]", 1},
         {"--q q.npy --k k.npy --v v.npy --threads x --out e.npy", "--threads x", 2},
