@@ -25,7 +25,9 @@
  *     outside the elements is written; a second call, and a call with another thread count
  *     (same ISA), give identical bytes;
  *   - sdpa_weights on the same arguments: rows in [0, 1] summing to 1 within 1e-5, exactly 0
- *     where a key is hidden, all 0 where the golden LSE is -inf.
+ *     where a key is hidden, all 0 where the golden LSE is -inf; where the golden LSE is NaN
+ *     (a NaN or +inf score, e.g. a q.k beyond FLT_MAX), NaN or 0 with at least one NaN, as
+ *     sdpa_forward's row is NaN there: the two calls follow one rule on scores.
  *
  * Build and run: tests/fuzz/run_fuzz.sh api. The committed corpus (tests/fuzz/corpus/api) is
  * replayed by tests/fuzz/replay.c as the CTest test fuzz_replay_api.
@@ -113,6 +115,11 @@ static void print_case(const fz_case *c) {
         fprintf(stderr, "  injected %s at %s(%lld, %lld, %lld, %lld)\n", inj_kind[c->inj[i].kind],
                 inj_tensor[c->inj[i].tensor], (long long)c->inj[i].at[0],
                 (long long)c->inj[i].at[1], (long long)c->inj[i].at[2], (long long)c->inj[i].at[3]);
+    if (c->score_inf)
+        fprintf(stderr,
+                "  score beyond f32: q(%lld, %lld, %lld, :) = %g x k(%lld, %lld, %lld, :) = %g\n",
+                (long long)c->inf_q[0], (long long)c->inf_q[1], (long long)c->inf_q[2], c->inf_qv,
+                (long long)c->inf_k[0], (long long)c->inf_k[1], (long long)c->inf_k[2], c->inf_kv);
     fprintf(stderr, "  invalid on purpose: common %d params %d forward %d weights %d:",
             c->bad[FZ_BAD_COMMON], c->bad[FZ_BAD_PARAMS], c->bad[FZ_BAD_FWD], c->bad[FZ_BAD_W]);
     for (int i = 0; i < c->n_why; i++)

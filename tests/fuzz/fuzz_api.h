@@ -87,6 +87,10 @@ typedef struct fz_case {
     int nonfinite;         /* NaN/Inf in Q, K, V or NaN/+Inf in an additive mask */
     int huge_qk;           /* huge finite values in Q or K */
     int huge_v;            /* a column of V near FLT_MAX: the accumulator overflows, O does not */
+    int score_inf;         /* a Q row and a K row whose q.k is beyond f32 (draw_score_overflow) */
+    int64_t inf_q[3];      /* that Q row: (b, h, i) */
+    int64_t inf_k[3];      /* that K row: (b, hk, j) */
+    double inf_qv, inf_kv; /* the value of every element of each */
     int bad[FZ_BAD_COUNT]; /* invalid arguments the generator put in, by the calls they fail */
     int skip_weights;      /* a change that may be legal for sdpa_weights with memory it lacks */
     const char *why[8];    /* what made the arguments invalid, for the report */

@@ -440,6 +440,72 @@ static void draw_specials(fz_case *c, fz_src *s, int valid_values, sdpa_dtype do
     }
 }
 
+/* Scores beyond f32 (sdpa.h, "Scores beyond f32"; issue 10, item 8: q = k = [1e20, 1e20] gave
+ * a NaN row in sdpa_forward but weights (1, 0) from sdpa_weights). Where a huge value went
+ * into Q or K and both are f32 or bf16 (which hold 2^66), one time in 2 the row it went into
+ * and a row of the other tensor that meets it (same batch, same group of heads) are set
+ * throughout to +-2^a (Q) and +-2^b (K): their q.k is +-inf in f32 and in the reference, so
+ * the row is NaN (+inf) or the key hidden (-inf), or +-C under softcap, in both calls.
+ *   - Each row has one sign, so every product q_d k_d of the pair has the sign of their
+ *     product: whatever order a kernel sums them in, its partial sums only grow in
+ *     magnitude and never meet inf - inf. That is sdpa.h's caveat (an f32 partial sum that
+ *     overflows where the double total fits, q = [1e20, -1e20] against k = [1e20, 1e20]),
+ *     documented and not checked here.
+ *   - The total is at least 2^130, four times FLT_MAX, so the rounding of f32 sums cannot
+ *     bring it back under: either every product overflows (a = b = 66), or (Dk >= 8) none
+ *     does and only the sum passes FLT_MAX (a + b = 130 - floor(log2 Dk), each product at
+ *     most 2^127), the two ways an f32 dot product reaches inf.
+ *   - The rows meet other rows with values of every sign, but those products stay far
+ *     below FLT_MAX (under 1e25 a term: 2^66 x 133120): huge finite scores, for which
+ *     huge_qk (set by the injection) restricts the check to the positions of non-finite
+ *     values, as it does for the injected pair.
+ * It runs after everything else is drawn and takes its bytes only where a case qualifies,
+ * so inputs found before it keep their meaning when the byte is even (0 when the input is
+ * used up). Indices come from the case's own extents, not the tensors' (an extent changed
+ * after allocation by perturb stays inside the buffer). */
+static void draw_score_overflow(fz_case *c, fz_src *s) {
+    const fz_injection *inj = NULL;
+    for (int n = 0; n < c->n_inj && inj == NULL; n++)
+        if (c->inj[n].kind >= 3 && c->inj[n].tensor <= 1)
+            inj = &c->inj[n];
+    const int wide_q = c->q.t.dtype == SDPA_F32 || c->q.t.dtype == SDPA_BF16;
+    const int wide_k = c->k.t.dtype == SDPA_F32 || c->k.t.dtype == SDPA_BF16;
+    if (inj == NULL || !wide_q || !wide_k || c->q.t.data == NULL || c->k.t.data == NULL ||
+        !fz_fillable(&c->q) || !fz_fillable(&c->k) || c->Lq <= 0 || c->Lk <= 0 || c->Dk <= 0 ||
+        c->Hq <= 0 || c->Hkv <= 0)
+        return;
+    const unsigned x = take(s);
+    if (x % 2 == 0)
+        return;
+    const unsigned y = take(s);
+    const int64_t g = c->Hq / c->Hkv > 0 ? c->Hq / c->Hkv : 1;
+    int64_t *iq = c->inf_q, *ik = c->inf_k;
+    if (inj->tensor == 0) {
+        iq[0] = inj->at[0], iq[1] = inj->at[1], iq[2] = inj->at[2];
+        ik[0] = iq[0], ik[1] = iq[1] * c->Hkv / c->Hq, ik[2] = (int64_t)y % c->Lk;
+    } else {
+        ik[0] = inj->at[0], ik[1] = inj->at[1], ik[2] = inj->at[2];
+        iq[0] = ik[0], iq[1] = ik[1] * g + (int64_t)(x >> 3) % g, iq[2] = (int64_t)y % c->Lq;
+    }
+    int a = 66, b = 66;
+    if (x >> 2 & 1u && c->Dk >= 8) {
+        int e = 0;
+        while ((int64_t)2 << e <= c->Dk)
+            e++; /* floor(log2 Dk) */
+        a = (130 - e) / 2;
+        b = 130 - e - a;
+    }
+    const double sign = inj->kind == 3 ? 1.0 : -1.0, other = x >> 1 & 1u ? -1.0 : 1.0;
+    c->inf_qv = ldexp(inj->tensor == 0 ? sign : other, a);
+    c->inf_kv = ldexp(inj->tensor == 0 ? other : sign, b);
+    for (int64_t d = 0; d < c->Dk; d++) {
+        tu_set(&c->q.t, iq[0], iq[1], iq[2], d, c->inf_qv);
+        tu_set(&c->k.t, ik[0], ik[1], ik[2], d, c->inf_kv);
+    }
+    c->score_inf = 1;
+    c->huge_qk = 1;
+}
+
 /* Changes one extent of one tensor after its allocation (rare): every such change breaks an
  * equality between tensors, so the call must fail, without touching the smaller memory. */
 static void perturb(fz_case *c, fz_src *s) {
@@ -547,6 +613,7 @@ void fz_draw_case(fz_case *c, const uint8_t *data, size_t size, int best_isa) {
     const int valid_values = fz_fillable(&c->q) && fz_fillable(&c->k) && fz_fillable(&c->v);
     draw_specials(c, s, valid_values, dt.out);
     draw_oddities(c, s);
+    draw_score_overflow(c, s);
     if (c->params_null) {
         /* NULL params means the defaults: the case describes what the calls see */
         memset(&c->params, 0, sizeof c->params);
