@@ -49,7 +49,7 @@ enum {
     TARGET_PLOT = 720,          /* preferred size of one panel, split between grid columns */
     MIN_TARGET = 160,           /* ... but no smaller than this per panel */
     MIN_PLOT = 96,              /* a strip (Lq = 1 or Lk = 1) is stretched to this */
-    TITLE_LINES_MAX = 4,        /* title, subtitle, shape, averaging note */
+    TITLE_LINES_MAX = 5,        /* title, subtitle, shape, averaging note, values below 0 */
     TITLE_WIDE = 1400,          /* a picture is widened for its title up to this */
 };
 
@@ -403,6 +403,16 @@ static void colour_scale(const float *cells, size_t n, heatmap_geometry *g) {
     g->hi = hi;
 }
 
+/* Counts the values below 0 of one head's weights m (n values) into g, before averaging:
+ * attention weights are never negative, and a block's mean can hide those that are. */
+static void count_negative(const float *m, size_t n, heatmap_geometry *g) {
+    for (size_t i = 0; i < n; i++)
+        if (m[i] < 0.0f) {
+            g->negative++;
+            g->least = m[i] < g->least ? m[i] : g->least;
+        }
+}
+
 static const uint8_t *cell_colour(double v, const heatmap_geometry *g, const colormap_lut *lut) {
     if (!isfinite(v))
         return heatmap_nan_rgb;
@@ -502,7 +512,8 @@ static void draw_colour_bar(canvas *cv, const heatmap_geometry *g, int averaged,
  * with the batch element and head(s) shown, and the averaging note if blocks are averaged.
  * @return the number of lines. */
 static int title_lines(char lines[TITLE_LINES_MAX][512], const heatmap_opts *o, int64_t B,
-                       int64_t H, int64_t Lq, int64_t Lk, const layout *ly) {
+                       int64_t H, int64_t Lq, int64_t Lk, const layout *ly,
+                       const heatmap_geometry *g) {
     int k = 0;
     snprintf(lines[k++], 512, "%s",
              o->title != NULL && o->title[0] != '\0' ? o->title : "attention weights");
@@ -520,6 +531,10 @@ static int title_lines(char lines[TITLE_LINES_MAX][512], const heatmap_opts *o, 
     if (ly->fq > 1 || ly->fk > 1)
         snprintf(lines[k++], 512, "averaged over %lldx%lld blocks (query x key positions per cell)",
                  (long long)ly->fq, (long long)ly->fk);
+    if (g->negative > 0)
+        snprintf(lines[k++], 512, "%lld value%s below 0 (least %.3g)%s: not attention weights",
+                 (long long)g->negative, g->negative == 1 ? "" : "s", g->least,
+                 ly->fq > 1 || ly->fk > 1 ? ", averaged into the blocks" : "");
     return k;
 }
 
@@ -548,8 +563,10 @@ int heatmap_render(const float *w, int64_t B, int64_t H, int64_t Lq, int64_t Lk,
     if (plan_layout(&ly, g->npanels, Lq, Lk, max_cells, err, errlen) != 0)
         return -1;
     const int averaged = ly.fq > 1 || ly.fk > 1;
+    for (int p = 0; p < g->npanels; p++)
+        count_negative(w + ((o->batch * H + g->heads[p]) * Lq) * Lk, (size_t)(Lq * Lk), g);
     char lines[TITLE_LINES_MAX][512];
-    const int k = title_lines(lines, o, B, H, Lq, Lk, &ly);
+    const int k = title_lines(lines, o, B, H, Lq, Lk, &ly, g);
     ly.grid_y = MARGIN + k * LINE_H + 10;
     /* The picture's size: the grid and colour bar, widened for a long title up to
      * TITLE_WIDE pixels; a title longer still is cut. */

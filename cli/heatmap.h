@@ -50,6 +50,9 @@ typedef struct heatmap_geometry {
                                        hi = the largest (lo + 1 if nothing is above lo) */
     int64_t nonfinite;              /* cells drawn in the NaN colour */
     int64_t infinite;               /* ... of which infinite rather than NaN */
+    int64_t negative;               /* values below 0 in the heads shown, counted before any
+                                       averaging (which may hide them: lo only sees means) */
+    double least;                   /* the least of those values (0 when there is none) */
 } heatmap_geometry;
 
 /* The colour of cells whose value is NaN or infinite (or whose block holds one). */

@@ -22,9 +22,11 @@ static const char heatmap_usage[] =
     "\n"
     "Draws attention weights as a PNG heatmap: row i is query position i, column j is key\n"
     "position j, and the colour of cell (i, j) is the weight query i gives to key j (each row\n"
-    "sums to 1). The colour map is viridis (dark violet for 0, yellow for the largest weight\n"
-    "shown); the colour bar on the right gives the scale. Cells that are NaN or infinite are\n"
-    "magenta and counted under the colour bar. Large cells show their value.\n"
+    "sums to 1). The colour map is viridis (dark violet for 0, or for the least value when\n"
+    "some are negative, yellow for the largest shown); the colour bar on the right gives the\n"
+    "scale. Cells that are NaN or infinite are magenta and counted under the colour bar.\n"
+    "Values below 0 (not attention weights) are counted in the title and warned about, also\n"
+    "when averaging hides them. Large cells show their value.\n"
     "\n"
     "options:\n"
     "  --weights FILE  a float32 .npy array of weights: (Lq, Lk), (H, Lq, Lk) or\n"
@@ -162,6 +164,15 @@ int cli_heatmap(int argc, char **argv) {
     if (px == NULL || outputs_commit(&outs, err, sizeof err) != 0) {
         fprintf(stderr, "sdpa heatmap: %s\n", err);
         rc = CLI_RUNTIME;
+    } else if (g.negative > 0) {
+        /* not an error (any float array can be drawn), but not attention weights either */
+        fprintf(stderr,
+                "sdpa heatmap: warning: %s: %lld value%s below 0 (the least %.3g), which "
+                "attention weights never are; they are drawn on the same linear scale%s\n",
+                weights, (long long)g.negative, g.negative == 1 ? " is" : "s are", g.least,
+                g.least < g.lo ? ", but averaging blocks hides them: --max-cells to draw "
+                                 "every cell"
+                               : "");
     }
     free(px);
 done:

@@ -329,6 +329,41 @@ static void test_large_averaged(void) {
     free(w);
 }
 
+/* Values below 0 are not attention weights: they are counted (before any averaging, which
+ * can hide them in a block's mean) with the least of them, for the title and the command's
+ * warning; unaveraged, the colour scale reaches down to them. */
+static void test_negative(void) {
+    enum { LQ = 600, LK = 600 };
+    float *w = constant_weights((size_t)LQ * LK, 1.0f / LK);
+    if (w == NULL)
+        return;
+    for (int i = 0; i < LQ; i++)
+        for (int j = 0; j < LK; j += 3)
+            w[i * LK + j] = -1.0f / LK; /* every third column: block means stay positive */
+    picture pic;
+    if (render_and_read("negative_averaged.png", w, 1, 1, LQ, LK, NULL, &pic) == 0) {
+        CHECK(pic.g.block_q > 1 && pic.g.block_k > 1);
+        CHECK_INT_EQ(pic.g.negative, (int64_t)LQ * (LK / 3));
+        CHECK_NEAR(pic.g.least, -1.0 / LK, 1e-9);
+        CHECK(pic.g.lo >= 0.0); /* the means hide them: hence the count */
+        free_picture(&pic);
+    }
+    free(w);
+    const float small[2 * 3] = {0.5f, -0.25f, 0.75f, 1.0f, 0.0f, 0.0f};
+    if (render_and_read("negative.png", small, 1, 1, 2, 3, NULL, &pic) == 0) {
+        CHECK_INT_EQ(pic.g.negative, 1);
+        CHECK_NEAR(pic.g.least, -0.25, 1e-9);
+        CHECK_NEAR(pic.g.lo, -0.25, 1e-9);
+        free_picture(&pic);
+    }
+    const float none[2] = {0.5f, 0.5f};
+    if (render_and_read("no_negative.png", none, 1, 1, 1, 2, NULL, &pic) == 0) {
+        CHECK_INT_EQ(pic.g.negative, 0);
+        CHECK(pic.g.least == 0.0);
+        free_picture(&pic);
+    }
+}
+
 /* NaN cells are magenta, counted, and shown in a legend; a NaN in a block makes the block's
  * mean NaN rather than disappear in it. */
 static void test_nan(void) {
@@ -513,7 +548,7 @@ int main(int argc, char **argv) {
     }
     const int rc = CHECK_RUN(
         argc, argv, CASE(test_colormap), CASE(test_font), CASE(test_single_head), CASE(test_grid),
-        CASE(test_large_averaged), CASE(test_nan), CASE(test_masked_rows),
+        CASE(test_large_averaged), CASE(test_nan), CASE(test_negative), CASE(test_masked_rows),
         CASE(test_strip_and_many_heads), CASE(test_errors), CASE(test_long_title));
     if (!keep_files)
         tu_remove_dir(out_dir);
