@@ -27,6 +27,11 @@ typedef struct sdpa__problem {
     int64_t window_left;  /* -1 = open */
     int64_t window_right; /* -1 = open; 0 when causal */
     const float *alibi;   /* NULL or Hq slopes */
+    /* Dropout of the attention weights (philox.h): 0 = off. Element (b, h, i, j) is kept
+     * iff sdpa__dropout_keep(dropout_seed, dropout_offset, b, h, i, j, dropout_p), and kept
+     * weights are scaled by 1 / (1 - dropout_p). Zero in a problem that asks for none. */
+    double dropout_p; /* in [0, 1] */
+    uint64_t dropout_seed, dropout_offset;
     int has_mask;
     sdpa_tensor q, k, v;
     sdpa_tensor mask; /* valid when has_mask: shape (B, Hq, Lq, Lk), broadcast strides 0 */

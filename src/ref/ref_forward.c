@@ -5,20 +5,22 @@
  * double, two passes over the keys (scores and their maximum; then exponentials, sum and the
  * weighted sum of values). Every rule of the "Semantics" section of sdpa.h is implemented here
  * in the most literal way, and the fast paths are tested against this file.
+ *
+ * Dropout (problem.h, philox.h) acts on the weights after the softmax, as in PyTorch's math
+ * path: O_i = sum_j z_ij p_ij v_j with z_ij = keep_ij / (1 - p). A dropped key still counts in
+ * the normaliser, so the LSE is the softmax's, unchanged by dropout. It also still adds
+ * 0 * v_j, so a NaN in its V reaches O_i: dropout is not a mask, and PyTorch's product of the
+ * dropped weights with V gives the same NaN. sdpa__ref_weights returns p_ij before dropout:
+ * sdpa_weights means "the softmax probabilities" (rows sum to 1, heatmaps show what the model
+ * attends to), and whoever needs the dropped weights multiplies by sdpa__ref_dropout's factor.
  */
 #include "ref.h"
 
 #include "../core/half.h"
+#include "../core/philox.h"
 #include "../core/services.h"
 
 #include <math.h>
-
-/* What pass 1 found in a row. */
-typedef enum row_kind {
-    ROW_OK,    /* at least one key contributes and every score is finite or -inf */
-    ROW_EMPTY, /* no key contributes: fully masked, output 0 and LSE -inf */
-    ROW_NAN    /* a contributing score is NaN or +inf: the row is NaN */
-} row_kind;
 
 /* x if f32 holds it, else the infinity of its sign: the fast paths form every score in f32,
  * so a q.k, a scaled score or a biased one beyond FLT_MAX is +-inf there, and the contract
@@ -29,15 +31,22 @@ static double f32_range(double x) {
     return x >= limit ? INFINITY : x <= -limit ? -INFINITY : x;
 }
 
-/* Pass 1 for query row i of (b, h): s[j] for every key j of kv head hk. Keys hidden by the
- * window, the bool mask or a -inf bias get s[j] = -inf and take no further part.
- *   s:   (Lk) scores, written
- *   q_i: (Dk) the query row, already widened to double
- *   *m:  the largest finite score (-inf if none)                                          */
-static row_kind row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t i,
-                           const double *q_i, double *s, double *m) {
+/* Widens query row i of (b, h) into q_i (Dk). */
+static void load_q(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, double *q_i) {
+    for (int64_t d = 0; d < p->Dk; d++)
+        q_i[d] = (double)sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, h, i, d));
+}
+
+/* Pass 1 for query row i of (b, h): s[j] for every key j of kv head hk (ref.h).
+ *   q_i:  (Dk) the query row, written (widened to double)
+ *   s:    (Lk) scores, written
+ *   dsdx: NULL, or (Lk) ds_ij / dx_ij of the visible keys, written
+ *   *m:   the largest finite score (-inf if none)                                          */
+sdpa__row_kind sdpa__ref_row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t i,
+                                    double *q_i, double *s, double *dsdx, double *m) {
     const int64_t hk = h / p->group;
     int any_nan = 0;
+    load_q(p, b, h, i, q_i);
     *m = -INFINITY;
     for (int64_t j = 0; j < p->Lk; j++) {
         s[j] = -INFINITY;
@@ -58,8 +67,18 @@ static row_kind row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t
             dot += q_i[d] *
                    (double)sdpa__load(p->k.data, p->k.dtype, sdpa__offset(&p->k, b, hk, j, d));
         double x = f32_range(p->scale * f32_range(dot));
-        if (p->softcap > 0.0)
+        if (dsdx != NULL)
+            dsdx[j] = 1.0;
+        if (p->softcap > 0.0) {
+            /* d/dx c tanh(x / c) = 1 - tanh^2(x / c), taken as 1 / cosh^2(x / c): the same
+             * number without 1 - tanh^2's cancellation where tanh is near +-1, and exactly 0
+             * once cosh^2 overflows (x = +-inf included) */
+            if (dsdx != NULL) {
+                const double ch = cosh(x / p->softcap);
+                dsdx[j] = 1.0 / (ch * ch);
+            }
             x = p->softcap * tanh(x / p->softcap);
+        }
         if (p->alibi != NULL)
             x = f32_range(x - (double)p->alibi[h] * fabs((double)(i + p->off - j)));
         x = f32_range(x + bias);
@@ -72,51 +91,55 @@ static row_kind row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t
             *m = x;
     }
     if (any_nan)
-        return ROW_NAN;
-    return *m == -INFINITY ? ROW_EMPTY : ROW_OK;
+        return SDPA__ROW_NAN;
+    return *m == -INFINITY ? SDPA__ROW_EMPTY : SDPA__ROW_OK;
 }
 
-/* Widens query row i of (b, h) into q_i (Dk). */
-static void load_q(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, double *q_i) {
-    for (int64_t d = 0; d < p->Dk; d++)
-        q_i[d] = (double)sdpa__load(p->q.data, p->q.dtype, sdpa__offset(&p->q, b, h, i, d));
+double sdpa__ref_dropout(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    if (!(p->dropout_p > 0.0))
+        return 1.0;
+    return sdpa__dropout_keep(p->dropout_seed, p->dropout_offset, b, h, i, j, p->dropout_p)
+               ? 1.0 / (1.0 - p->dropout_p)
+               : 0.0;
 }
 
 void sdpa__ref_forward_row(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, double *q_i,
                            double *s, double *o_i, sdpa_tensor *out, sdpa_tensor *lse) {
     const int64_t hk = h / p->group;
     // pass 1: scores and their maximum
-    load_q(p, b, h, i, q_i);
     double m;
-    const row_kind kind = row_scores(p, b, h, i, q_i, s, &m);
+    const sdpa__row_kind kind = sdpa__ref_row_scores(p, b, h, i, q_i, s, NULL, &m);
 
-    // pass 2: o_i = sum_j exp(s_ij - m) v_j / sum_j exp(s_ij - m)
+    // pass 2: o_i = sum_j z_ij exp(s_ij - m) v_j / sum_j exp(s_ij - m), z_ij the dropout
+    // factor (1 without dropout, where the product is skipped to leave the bits as they were)
+    const int dropout = p->dropout_p > 0.0;
     double sum = 0.0;
     for (int64_t d = 0; d < p->Dv; d++)
         o_i[d] = 0.0;
-    if (kind == ROW_OK) {
+    if (kind == SDPA__ROW_OK) {
         for (int64_t j = 0; j < p->Lk; j++) {
             if (s[j] == -INFINITY)
                 continue; /* hidden keys never touch V: NaN there stays out */
             const double e = exp(s[j] - m);
             sum += e;
+            const double w = dropout ? e * sdpa__ref_dropout(p, b, h, i, j) : e;
             for (int64_t d = 0; d < p->Dv; d++)
                 o_i[d] +=
-                    e * (double)sdpa__load(p->v.data, p->v.dtype, sdpa__offset(&p->v, b, hk, j, d));
+                    w * (double)sdpa__load(p->v.data, p->v.dtype, sdpa__offset(&p->v, b, hk, j, d));
         }
     }
 
     // pass 3: normalise, round once, store
     double row_lse;
-    if (kind == ROW_OK)
+    if (kind == SDPA__ROW_OK)
         row_lse = m + log(sum);
     else
-        row_lse = kind == ROW_EMPTY ? -INFINITY : NAN;
+        row_lse = kind == SDPA__ROW_EMPTY ? -INFINITY : NAN;
     for (int64_t d = 0; d < p->Dv; d++) {
         double o = 0.0;
-        if (kind == ROW_OK)
+        if (kind == SDPA__ROW_OK)
             o = o_i[d] / sum;
-        else if (kind == ROW_NAN)
+        else if (kind == SDPA__ROW_NAN)
             o = NAN;
         sdpa__store(out->data, out->dtype, sdpa__offset(out, b, h, i, d), o);
     }
@@ -160,23 +183,22 @@ sdpa_status sdpa__ref_weights(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor
         for (int64_t h = 0; h < p->Hq; h++) {
             for (int64_t i = 0; i < p->Lq; i++) {
                 // pass 1: scores and their maximum
-                load_q(p, b, h, i, q_i);
                 double m;
-                const row_kind kind = row_scores(p, b, h, i, q_i, s, &m);
+                const sdpa__row_kind kind = sdpa__ref_row_scores(p, b, h, i, q_i, s, NULL, &m);
 
                 // pass 2: the normaliser
                 double sum = 0.0;
-                if (kind == ROW_OK)
+                if (kind == SDPA__ROW_OK)
                     for (int64_t j = 0; j < p->Lk; j++)
                         if (s[j] != -INFINITY)
                             sum += exp(s[j] - m);
 
                 // pass 3: p_ij = exp(s_ij - m) / sum; hidden keys 0; a NaN row is NaN where
-                // it can see
+                // it can see. Before dropout, whatever the problem's dropout_p (see the top).
                 for (int64_t j = 0; j < p->Lk; j++) {
                     double pij = 0.0;
                     if (s[j] != -INFINITY)
-                        pij = kind == ROW_OK ? exp(s[j] - m) / sum : NAN;
+                        pij = kind == SDPA__ROW_OK ? exp(s[j] - m) / sum : NAN;
                     w_data[sdpa__offset(w, b, h, i, j)] = (float)pij;
                 }
             }

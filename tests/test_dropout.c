@@ -1,0 +1,236 @@
+/*
+ * test_dropout.c — dropout's generator and keep decision (src/core/philox.c), and the
+ * reference forward with dropout (src/ref/ref_forward.c).
+ *
+ * Philox4x32-10 against published known answers; the documented mapping of (seed, offset, b,
+ * h, i, j) to key and counter pinned, so a fast kernel that draws other bits fails here; the
+ * threshold rule and its rounding; keep rates over 2^20 elements within 5 sigma (overall, per
+ * lane of a Philox call, for neighbouring pairs); fresh masks for fresh offsets and seeds;
+ * the same mask for the same inputs. The gradients of the dropped forward are checked in
+ * test_ref_backward.c.
+ */
+#include "check.h"
+#include "testutil.h"
+
+#include "../src/core/philox.h"
+#include "../src/core/validate.h"
+#include "../src/ref/ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Philox4x32-10 known answers: the (counter, key, output) triples of Random123's kat_vectors
+ * file (D. E. Shaw Research), lines "philox4x32 10 ...", as reproduced in
+ * DEShawResearch/fs123, core123/ut/ut_philox.cpp (test_kat_philox4x32). */
+static void test_philox_kat(void) {
+    static const struct {
+        uint32_t ctr[4], key[2], out[4];
+    } kat[] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+         {0xffffffff, 0xffffffff},
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        /* the digits of pi */
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+         {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    };
+    for (size_t n = 0; n < sizeof kat / sizeof kat[0]; n++) {
+        uint32_t out[4];
+        sdpa__philox4x32_10(kat[n].ctr, kat[n].key, out);
+        for (int w = 0; w < 4; w++)
+            CHECK_MSG(out[w] == kat[n].out[w], "vector %zu word %d: %08x, want %08x", n, w,
+                      (unsigned)out[w], (unsigned)kat[n].out[w]);
+        /* in place */
+        uint32_t c[4] = {kat[n].ctr[0], kat[n].ctr[1], kat[n].ctr[2], kat[n].ctr[3]};
+        sdpa__philox4x32_10(c, kat[n].key, c);
+        CHECK(memcmp(c, out, sizeof c) == 0);
+    }
+}
+
+/* The mapping of philox.h, pinned: a fast kernel must draw exactly these bits. */
+static void test_dropout_mapping(void) {
+    const uint64_t seed = 0x1122334455667788u, offset = 3;
+    const uint64_t key64 = seed + offset * UINT64_C(0x9E3779B97F4A7C15);
+    const uint32_t key[2] = {(uint32_t)key64, (uint32_t)(key64 >> 32)};
+    uint32_t k2[2];
+    sdpa__dropout_key(seed, offset, k2);
+    CHECK(k2[0] == key[0] && k2[1] == key[1]);
+    for (int64_t j = 0; j < 12; j++) {
+        const uint32_t ctr[4] = {(uint32_t)(j / 4), 5, 6, 7};
+        uint32_t out[4];
+        sdpa__philox4x32_10(ctr, key, out);
+        CHECK(sdpa__dropout_draw(seed, offset, 7, 6, 5, j) == out[j % 4]);
+    }
+    /* the largest indices a problem can have fit their words */
+    const int64_t big = SDPA_MAX_EXTENT - 1;
+    const uint32_t ctr[4] = {(uint32_t)(big / 4), (uint32_t)big, (uint32_t)big, (uint32_t)big};
+    uint32_t out[4];
+    sdpa__philox4x32_10(ctr, key, out);
+    CHECK(sdpa__dropout_draw(seed, offset, big, big, big, big) == out[big % 4]);
+    /* moving one index by one changes the draw (a distinct counter or lane each time) */
+    const uint32_t d0 = sdpa__dropout_draw(seed, offset, 1, 1, 1, 1);
+    CHECK(d0 != sdpa__dropout_draw(seed, offset, 2, 1, 1, 1));
+    CHECK(d0 != sdpa__dropout_draw(seed, offset, 1, 2, 1, 1));
+    CHECK(d0 != sdpa__dropout_draw(seed, offset, 1, 1, 2, 1));
+    CHECK(d0 != sdpa__dropout_draw(seed, offset, 1, 1, 1, 2));
+    CHECK(d0 != sdpa__dropout_draw(seed, offset, 1, 1, 1, 5));
+    CHECK(d0 != sdpa__dropout_draw(seed, offset + 1, 1, 1, 1, 1));
+    CHECK(d0 != sdpa__dropout_draw(seed + 1, offset, 1, 1, 1, 1));
+    /* offsets that differ by n < 2^30 move the key by n * phi, more than 2^33 from 0 either
+     * way round (philox.h; searched exhaustively there, repeated here up to 2^22) */
+    uint64_t x = 0, closest = UINT64_MAX;
+    for (uint64_t n = 1; n < (UINT64_C(1) << 22); n++) {
+        x += UINT64_C(0x9E3779B97F4A7C15);
+        const uint64_t dist = x < UINT64_MAX - x ? x : 0 - x;
+        closest = dist < closest ? dist : closest;
+    }
+    CHECK_MSG(closest > (UINT64_C(1) << 33), "closest %llu", (unsigned long long)closest);
+}
+
+static void test_dropout_threshold(void) {
+    const uint64_t one = UINT64_C(1) << 32;
+    CHECK(sdpa__dropout_threshold(0.0) == one);
+    CHECK(sdpa__dropout_threshold(-0.5) == one);
+    CHECK(sdpa__dropout_threshold(NAN) == one);
+    CHECK(sdpa__dropout_threshold(1.0) == 0);
+    CHECK(sdpa__dropout_threshold(1.5) == 0);
+    CHECK(sdpa__dropout_threshold(0.5) == one / 2);
+    CHECK(sdpa__dropout_threshold(0.25) == 3 * (one / 4));
+    /* 0.1 * 2^32 = 429496729.6 rounds to 429496730 dropped */
+    CHECK(sdpa__dropout_threshold(0.1) == one - 429496730u);
+    /* half a step rounds up, less rounds down; 1 - 2^-33 rounds to a threshold of 0 */
+    CHECK(sdpa__dropout_threshold(0x1p-33) == one - 1);
+    CHECK(sdpa__dropout_threshold(0x1p-34) == one);
+    CHECK(sdpa__dropout_threshold(1.0 - 0x1p-33) == 0);
+    CHECK(sdpa__dropout_threshold(1.0 - 0x1p-32) == 1);
+    /* the keep probability is within 2^-33 of 1 - p */
+    tu_rng r = {29};
+    for (int n = 0; n < 10000; n++) {
+        const double p = tu_uniform(&r);
+        const double keep = (double)sdpa__dropout_threshold(p) / 4294967296.0;
+        CHECK_MSG(fabs(keep - (1.0 - p)) <= 0x1p-33, "p=%.17g keep=%.17g", p, keep);
+    }
+    /* the decision is the comparison with the threshold */
+    for (int64_t j = 0; j < 64; j++) {
+        const uint32_t draw = sdpa__dropout_draw(9, 0, 0, 0, 0, j);
+        CHECK(sdpa__dropout_keep(9, 0, 0, 0, 0, j, 0.3) ==
+              ((uint64_t)draw < sdpa__dropout_threshold(0.3)));
+    }
+}
+
+/* |count - n * prob| <= 5 sigma of a binomial. */
+static int within_5_sigma(double p, const char *what, long count, long n, double prob) {
+    const double sigma = sqrt((double)n * prob * (1.0 - prob));
+    const double z = ((double)count - (double)n * prob) / sigma;
+    const int ok = fabs(z) <= 5.0;
+    printf("    p=%.1f %-28s %ld of %ld, expected %.0f, z = %+.2f%s\n", p, what, count, n,
+           (double)n * prob, z, ok ? "" : "  FAILS");
+    return ok;
+}
+
+/* Keep rates over 2^20 elements for p in {0.1, 0.5, 0.9}: overall, per lane of a Philox
+ * call, and for pairs of neighbours inside a call and across two calls. */
+static void test_dropout_rates(void) {
+    enum { B = 2, H = 4, LQ = 256, LK = 512 };
+    static const double ps[] = {0.1, 0.5, 0.9};
+    unsigned char *keep = malloc((size_t)B * H * LQ * LK);
+    for (int n = 0; n < 3; n++) {
+        const double p = ps[n];
+        const double prob = (double)sdpa__dropout_threshold(p) / 4294967296.0;
+        long kept = 0, lane[4] = {0}, pairs_in = 0, pairs_across = 0, n_in = 0, n_across = 0;
+        size_t at = 0;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < LQ; i++)
+                    for (int64_t j = 0; j < LK; j++, at++) {
+                        keep[at] = (unsigned char)sdpa__dropout_keep(1234, 5, b, h, i, j, p);
+                        kept += keep[at];
+                        lane[j % 4] += keep[at];
+                        if (j % 2 == 1) { /* (2m, 2m+1): lanes (0,1) and (2,3) of one call */
+                            pairs_in += keep[at] && keep[at - 1];
+                            n_in++;
+                        }
+                        if (j % 4 == 0 && j > 0) { /* (4m-1, 4m): lane 3, then next call's 0 */
+                            pairs_across += keep[at] && keep[at - 1];
+                            n_across++;
+                        }
+                    }
+        const long total = (long)B * H * LQ * LK;
+        CHECK(within_5_sigma(p, "kept", kept, total, prob));
+        for (int l = 0; l < 4; l++) {
+            char what[32];
+            snprintf(what, sizeof what, "kept in lane %d", l);
+            CHECK(within_5_sigma(p, what, lane[l], total / 4, prob));
+        }
+        CHECK(within_5_sigma(p, "pairs kept, one call", pairs_in, n_in, prob * prob));
+        CHECK(within_5_sigma(p, "pairs kept, two calls", pairs_across, n_across, prob * prob));
+    }
+    free(keep);
+}
+
+/* Fresh offsets and seeds give fresh masks (disagreeing on 2 q (1 - q) of the elements, as
+ * independent masks do); the same ones give the same mask. */
+static void test_dropout_offsets(void) {
+    enum { L = 256 };
+    const double p = 0.5, prob = 0.5;
+    static const uint64_t other[][2] = {
+        {77, 1}, {77, UINT64_C(1) << 32}, {78, 0}, {77 - UINT64_C(0x9E3779B97F4A7C15), 1}};
+    for (size_t n = 0; n < sizeof other / sizeof other[0]; n++) {
+        long differ = 0, same = 0;
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t j = 0; j < L; j++) {
+                const int a = sdpa__dropout_keep(77, 0, 0, 1, i, j, p);
+                differ += a != sdpa__dropout_keep(other[n][0], other[n][1], 0, 1, i, j, p);
+                same += a != sdpa__dropout_keep(77, 0, 0, 1, i, j, p);
+            }
+        char what[64];
+        snprintf(what, sizeof what, "differ from (%llu, %llu)", (unsigned long long)other[n][0],
+                 (unsigned long long)other[n][1]);
+        if (n < 3)
+            CHECK(within_5_sigma(p, what, differ, (long)L * L, 2.0 * prob * (1.0 - prob)));
+        else /* seed - phi with offset + 1 is the documented collision: the same key */
+            CHECK(differ == 0);
+        CHECK(same == 0);
+    }
+}
+
+/* The reference forward with dropout: the same call twice gives the same bytes, another
+ * offset another output, and dropout_p = 0 ignores the seed and offset bit for bit. */
+static void test_dropout_forward(void) {
+    enum { L = 7, D = 5 };
+    tu_rng r = {31};
+    tu_problem pb = tu_problem_new((tu_dims){2, 2, 1, L, L, D, D}, &r);
+    tu_tensor o2 = tu_alloc(SDPA_F32, 2, 2, L, D, TU_BHLD, 0, 0);
+    sdpa_ctx *ctx = tu_ctx(1, SDPA_ISA_AUTO);
+    sdpa__problem p;
+    CHECK_INT_EQ(sdpa__check_forward(ctx, &pb.q.t, &pb.k.t, &pb.v.t, &pb.p, &pb.o.t, &pb.lse.t, &p),
+                 SDPA_OK);
+    CHECK_INT_EQ(sdpa__ref_forward(ctx, &p, &pb.o.t, NULL), SDPA_OK);
+    p.dropout_seed = 1;
+    p.dropout_offset = 2;
+    CHECK_INT_EQ(sdpa__ref_forward(ctx, &p, &o2.t, NULL), SDPA_OK);
+    CHECK(memcmp(pb.o.buf, o2.buf, o2.bytes) == 0);
+    p.dropout_p = 0.4;
+    CHECK_INT_EQ(sdpa__ref_forward(ctx, &p, &pb.o.t, NULL), SDPA_OK);
+    CHECK_INT_EQ(sdpa__ref_forward(ctx, &p, &o2.t, NULL), SDPA_OK);
+    CHECK(memcmp(pb.o.buf, o2.buf, o2.bytes) == 0);
+    p.dropout_offset = 3;
+    CHECK_INT_EQ(sdpa__ref_forward(ctx, &p, &o2.t, NULL), SDPA_OK);
+    CHECK(memcmp(pb.o.buf, o2.buf, o2.bytes) != 0);
+    /* p = 1 drops everything: O = 0, no NaN from 1 / (1 - p) */
+    p.dropout_p = 1.0;
+    CHECK_INT_EQ(sdpa__ref_forward(ctx, &p, &o2.t, NULL), SDPA_OK);
+    for (int64_t i = 0; i < L; i++)
+        CHECK(tu_get(&o2.t, 1, 1, i, 2) == 0.0);
+    sdpa_ctx_destroy(ctx);
+    tu_problem_free(&pb);
+    tu_free(&o2);
+}
+
+int main(int argc, char **argv) {
+    return CHECK_RUN(argc, argv, CASE(test_philox_kat), CASE(test_dropout_mapping),
+                     CASE(test_dropout_threshold), CASE(test_dropout_rates),
+                     CASE(test_dropout_offsets), CASE(test_dropout_forward));
+}
