@@ -322,7 +322,8 @@ static unsigned char *file_of(const char *descr, const char *shape, const void *
     memcpy(buf + 10, dict, dn);
     memset(buf + 10 + dn, ' ', hlen - dn - 1);
     buf[10 + hlen - 1] = '\n';
-    memcpy(buf + 10 + hlen, data, n);
+    if (n > 0)
+        memcpy(buf + 10 + hlen, data, n);
     *len = 10 + hlen + n;
     return buf;
 }
