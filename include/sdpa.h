@@ -273,6 +273,9 @@ typedef struct sdpa_params {
     float softcap;             /* 0 = off; else > 0 and finite: scores become c * tanh(s / c) */
     const float *alibi_slopes; /* NULL, or Hq finite slopes: bias -slope * |i + off - j| */
     const sdpa_tensor *mask;   /* NULL, or BOOL / additive F32, F16, BF16; see Semantics */
+    float dropout_p;           /* 0 = off; else in (0, 1): weights dropped with this chance */
+    uint64_t dropout_seed;     /* with dropout_offset, which mask is drawn (see Dropout) */
+    uint64_t dropout_offset;   /* advance it (by 1) per training step for a fresh mask */
 } sdpa_params;
 
 /*
@@ -316,6 +319,16 @@ typedef struct sdpa_params {
  * every kernel (the reference computes in double and applies it at each of those steps; a
  * fast kernel's f32 dot product may also overflow in a partial sum whose total would fit).
  *
+ * Dropout. With dropout_p = p > 0, weight p_ij is kept or dropped by a draw that depends
+ * only on (dropout_seed, dropout_offset, b, h, i, j) (Philox4x32-10, a counter-based
+ * generator; h the query head): O_i = sum_j z_ij p_ij v_j with z_ij = 1 / (1 - p) when kept
+ * and 0 when dropped, kept with probability 1 - p (p rounded to a multiple of 2^-32). The
+ * same (seed, offset) draws the same mask in sdpa_forward and sdpa_backward, on every kernel
+ * and thread count; a dropped key is still visible (it counts in the LSE, which dropout does
+ * not change, and 0 * NaN in its V is NaN, as in PyTorch). sdpa_weights returns p_ij before
+ * dropout. The tiled kernels do not draw masks yet: a forward with dropout runs on the
+ * reference, exact but slow.
+ *
  * Shapes. mask: broadcastable to (B, Hq, Lq, Lk) — each extent equal or 1 (an extent of 1
  * is broadcast whatever its stride). Query head h reads key/value head h / (Hq / Hkv)
  * (grouped-query attention; multi-query when Hkv = 1).
@@ -348,7 +361,7 @@ typedef struct sdpa_params {
  *         sdpa_ctx_last_error(ctx) names the argument and its values:
  *   SDPA_ERR_NULL (a NULL ctx, tensor or data pointer), SDPA_ERR_DTYPE, SDPA_ERR_DIM,
  *   SDPA_ERR_SHAPE, SDPA_ERR_HEADS, SDPA_ERR_BROADCAST, SDPA_ERR_OVERFLOW, SDPA_ERR_PARAM
- *   (scale, softcap, window, align, ALiBi slope, a misaligned pointer), SDPA_ERR_ALIAS,
+ *   (scale, softcap, window, align, ALiBi slope, dropout_p, a misaligned pointer), SDPA_ERR_ALIAS,
  *   SDPA_ERR_NOMEM; or SDPA_ERR_BUSY, with no message, when another thread's call is using
  *   ctx (see Thread safety).
  */
@@ -367,6 +380,44 @@ SDPA_API sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdp
  */
 SDPA_API sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                   const sdpa_params *params, sdpa_tensor *weights);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Backward                                                                                  */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Computes the gradients of a loss L through sdpa_forward: given dout = dL/dout, writes
+ * dq = dL/dq, dk = dL/dk and dv = dL/dv for the same q, k, v and params (dropout included:
+ * the same seed and offset give the same mask). The mask, ALiBi and the scale are constants:
+ * they get no gradient. Softcap is differentiated through (its derivative 1 - tanh^2). With
+ * grouped-query attention, dk and dv of a key/value head sum the query heads of its group, in
+ * order. A fully masked row gives dq = 0 there and adds nothing to dk and dv; a row that is
+ * NaN in the forward gives NaN in its dq and in dk, dv of the keys it sees; a key hidden from
+ * a row (window, mask) gets nothing from it, even when its K or V holds NaN; a key that no row
+ * sees gets dk = dv = 0. The results are bitwise the same for any n_threads and on repeated
+ * calls.
+ *
+ * @param q, k, v, params  as for sdpa_forward.
+ * @param out     (B, Hq, Lq, Dv), F32/F16/BF16: sdpa_forward's output for these arguments.
+ * @param lse     (B, Hq, Lq, 1) F32: sdpa_forward's log-sum-exp for these arguments.
+ * @param dout    (B, Hq, Lq, Dv), F32/F16/BF16: the gradient of the loss by out.
+ * @param dq      (B, Hq, Lq, Dk), F32/F16/BF16, written.
+ * @param dk      (B, Hkv, Lk, Dk), F32/F16/BF16, written.
+ * @param dv      (B, Hkv, Lk, Dv), F32/F16/BF16, written.
+ *
+ * Strides, alignment and aliasing as for sdpa_forward: dq, dk and dv must not overlap each
+ * other or any input. Every sum is accumulated in at least f32 and each gradient rounded
+ * once. (This version computes the gradients on the reference, in double, from q, k and v:
+ * exact, single-threaded and O(Lq x Lk x D) time with O(Lk x D) memory; out and lse are
+ * checked but not read. A tiled kernel will read them as FlashAttention-2 does.)
+ *
+ * @return as for sdpa_forward; on error dq, dk and dv are untouched.
+ */
+SDPA_API sdpa_status sdpa_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                                   const sdpa_tensor *v, const sdpa_tensor *out,
+                                   const sdpa_tensor *lse, const sdpa_tensor *dout,
+                                   const sdpa_params *params, sdpa_tensor *dq, sdpa_tensor *dk,
+                                   sdpa_tensor *dv);
 
 #ifdef __cplusplus
 }

@@ -47,3 +47,19 @@ sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor 
     const sdpa__impl *impl = sdpa__select(ctx->features, ctx->cap, SDPA__OP_WEIGHTS, &p);
     return release(ctx, impl->weights(impl, ctx, &p, weights));
 }
+
+sdpa_status sdpa_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                          const sdpa_tensor *v, const sdpa_tensor *out, const sdpa_tensor *lse,
+                          const sdpa_tensor *dout, const sdpa_params *params, sdpa_tensor *dq,
+                          sdpa_tensor *dk, sdpa_tensor *dv) {
+    if (ctx == NULL)
+        return SDPA_ERR_NULL;
+    if (claim(ctx))
+        return SDPA_ERR_BUSY;
+    sdpa__problem p;
+    sdpa_status st = sdpa__check_backward(ctx, q, k, v, out, lse, dout, params, dq, dk, dv, &p);
+    if (st != SDPA_OK)
+        return release(ctx, st);
+    const sdpa__impl *impl = sdpa__select(ctx->features, ctx->cap, SDPA__OP_BACKWARD, &p);
+    return release(ctx, impl->backward(impl, ctx, &p, out, lse, dout, dq, dk, dv));
+}

@@ -106,6 +106,7 @@ static void describe(sdpa_ctx *ctx, uint32_t features, sdpa_isa param_cap, const
     append(d, cap, "threads:  %d\n", ctx->n_threads);
     append(d, cap, "forward:  %s\n", ctx->impl[SDPA__OP_FORWARD]->name);
     append(d, cap, "weights:  %s\n", ctx->impl[SDPA__OP_WEIGHTS]->name);
+    append(d, cap, "backward: %s\n", ctx->impl[SDPA__OP_BACKWARD]->name);
     int count;
     const sdpa__impl *const *list = sdpa__impls(&count);
     append(d, cap, "kernels:");

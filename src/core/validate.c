@@ -192,6 +192,11 @@ static sdpa_status check_params(sdpa_ctx *ctx, const sdpa_params *pr, int64_t hq
         return sdpa__fail(ctx, SDPA_ERR_PARAM,
                           "params.window_right=%lld must be -1 (unbounded) or >= 0",
                           (long long)pr->window_right);
+    if (!(pr->dropout_p >= 0.0f && pr->dropout_p < 1.0f))
+        return sdpa__fail(ctx, SDPA_ERR_PARAM,
+                          "params.dropout_p=%g must be 0 (off) or in (0, 1): the chance that a "
+                          "weight is dropped",
+                          (double)pr->dropout_p);
     if (pr->alibi_slopes != NULL && (uintptr_t)pr->alibi_slopes % sizeof(float) != 0)
         return sdpa__fail(ctx, SDPA_ERR_PARAM,
                           "params.alibi_slopes=%p is not aligned to 4-byte floats",
@@ -252,6 +257,9 @@ static void resolve_params(const sdpa_params *pr, sdpa__problem *p) {
     if (pr->causal)
         p->window_right = 0;
     p->alibi = pr->alibi_slopes;
+    p->dropout_p = (double)pr->dropout_p;
+    p->dropout_seed = pr->dropout_seed;
+    p->dropout_offset = pr->dropout_offset;
 }
 
 /* An output must not overlap itself, any input, or an earlier output. */
@@ -411,6 +419,30 @@ const sdpa__signature sdpa__sig_weights = {
       0,
       SDPA__DT(SDPA_F32),
       {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), SAME_(1, 2)}}}};
+
+/* The backward's: q, k, v, then the forward's out and lse and the incoming dout (inputs),
+ * then dq, dk, dv shaped like q, k, v (outputs). */
+const sdpa__signature sdpa__sig_backward = {
+    9,
+    1,
+    {ROLE_Q_,
+     ROLE_K_,
+     {"v", 0, 0, 1, SDPA__DT_FLOAT, {SAME_(1, 0), SAME_(1, 1), SAME_(1, 2), FREE_}},
+     {"out", 0, 0, 1, SDPA__DT_FLOAT, {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), SAME_(2, 3)}},
+     {"lse", 0, 0, 0, SDPA__DT(SDPA_F32), {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), ONE_}},
+     {"dout", 0, 0, 1, SDPA__DT_FLOAT, {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), SAME_(2, 3)}},
+     {"dq", 1, 0, 1, SDPA__DT_FLOAT, {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), SAME_(0, 3)}},
+     {"dk", 1, 0, 1, SDPA__DT_FLOAT, {SAME_(1, 0), SAME_(1, 1), SAME_(1, 2), SAME_(1, 3)}},
+     {"dv", 1, 0, 1, SDPA__DT_FLOAT, {SAME_(2, 0), SAME_(2, 1), SAME_(2, 2), SAME_(2, 3)}}}};
+
+sdpa_status sdpa__check_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                                 const sdpa_tensor *v, const sdpa_tensor *out,
+                                 const sdpa_tensor *lse, const sdpa_tensor *dout,
+                                 const sdpa_params *params, const sdpa_tensor *dq,
+                                 const sdpa_tensor *dk, const sdpa_tensor *dv, sdpa__problem *p) {
+    const sdpa_tensor *const t[9] = {q, k, v, out, lse, dout, dq, dk, dv};
+    return sdpa__validate(ctx, &sdpa__sig_backward, t, params, p);
+}
 
 sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_tensor *v, const sdpa_params *params,

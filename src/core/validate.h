@@ -53,6 +53,8 @@ typedef struct sdpa__signature {
 /* The signatures of the entry points. */
 extern const sdpa__signature sdpa__sig_forward; /* q, k, v, out, lse (optional) */
 extern const sdpa__signature sdpa__sig_weights; /* q, k, weights */
+/* q, k, v, out, lse, dout, dq, dk, dv */
+extern const sdpa__signature sdpa__sig_backward;
 
 /* Validates the tensors t[n] (one per role of sig; NULL where a role is optional and absent)
  * and params (NULL = defaults), and fills *p. */
@@ -66,5 +68,11 @@ sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_
 sdpa_status sdpa__check_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_params *params, const sdpa_tensor *weights,
                                 sdpa__problem *p);
+
+sdpa_status sdpa__check_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                                 const sdpa_tensor *v, const sdpa_tensor *out,
+                                 const sdpa_tensor *lse, const sdpa_tensor *dout,
+                                 const sdpa_params *params, const sdpa_tensor *dq,
+                                 const sdpa_tensor *dk, const sdpa_tensor *dv, sdpa__problem *p);
 
 #endif /* SDPA_VALIDATE_H */

@@ -21,19 +21,42 @@ static sdpa_status ref_weights(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa
     return sdpa__ref_weights(ctx, p, w);
 }
 
-static const sdpa__impl reference = {"reference", SDPA_ISA_GENERIC, 0,          NULL,
-                                     NULL,        ref_forward,      ref_weights};
+static sdpa_status ref_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
+                                const sdpa_tensor *out, const sdpa_tensor *lse,
+                                const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
+                                sdpa_tensor *dv) {
+    (void)self;
+    (void)out; /* the reference recomputes O and the LSE in double: it trusts no rounded copy */
+    (void)lse;
+    return sdpa__ref_backward(ctx, p, dout, dq, dk, dv);
+}
+
+/* The tiled forward does not draw dropout masks yet: such problems go to the reference. */
+static int flash_supports(const sdpa__problem *p) {
+    return !(p->dropout_p > 0.0);
+}
+
+static const sdpa__impl reference = {"reference", SDPA_ISA_GENERIC, 0,           NULL,
+                                     NULL,        ref_forward,      ref_weights, ref_backward};
 static const sdpa__impl flash_generic = {
-    "flash-generic", SDPA_ISA_GENERIC, 0, &sdpa__uk_generic, NULL, sdpa__flash_forward, NULL};
+    "flash-generic", SDPA_ISA_GENERIC,    0,    &sdpa__uk_generic,
+    flash_supports,  sdpa__flash_forward, NULL, NULL};
 #if defined(SDPA_HAVE_X86)
-static const sdpa__impl flash_avx2 = {
-    "flash-avx2", SDPA_ISA_AVX2, SDPA__NEEDS_AVX2, &sdpa__uk_avx2, NULL, sdpa__flash_forward, NULL};
+static const sdpa__impl flash_avx2 = {"flash-avx2",
+                                      SDPA_ISA_AVX2,
+                                      SDPA__NEEDS_AVX2,
+                                      &sdpa__uk_avx2,
+                                      flash_supports,
+                                      sdpa__flash_forward,
+                                      NULL,
+                                      NULL};
 static const sdpa__impl flash_avx512 = {"flash-avx512",
                                         SDPA_ISA_AVX512,
                                         SDPA__NEEDS_AVX512,
                                         &sdpa__uk_avx512,
-                                        NULL,
+                                        flash_supports,
                                         sdpa__flash_forward,
+                                        NULL,
                                         NULL};
 #endif
 
@@ -67,7 +90,9 @@ const sdpa__impl *sdpa__select(uint32_t features, sdpa_isa cap, sdpa__op op,
                                const sdpa__problem *p) {
     for (int n = N_IMPLS - 1; n > 0; n--) {
         const sdpa__impl *impl = impls[n];
-        const int offers = op == SDPA__OP_FORWARD ? impl->forward != NULL : impl->weights != NULL;
+        const int offers = op == SDPA__OP_FORWARD   ? impl->forward != NULL
+                           : op == SDPA__OP_WEIGHTS ? impl->weights != NULL
+                                                    : impl->backward != NULL;
         if (offers && sdpa__impl_allowed(impl, features, cap) &&
             (impl->supports == NULL || p == NULL || impl->supports(p)))
             return impl;

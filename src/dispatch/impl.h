@@ -17,7 +17,12 @@
 
 #include <stdint.h>
 
-typedef enum sdpa__op { SDPA__OP_FORWARD, SDPA__OP_WEIGHTS, SDPA__N_OPS } sdpa__op;
+typedef enum sdpa__op {
+    SDPA__OP_FORWARD,
+    SDPA__OP_WEIGHTS,
+    SDPA__OP_BACKWARD,
+    SDPA__N_OPS
+} sdpa__op;
 
 typedef struct sdpa__impl sdpa__impl;
 struct sdpa__impl {
@@ -34,6 +39,12 @@ struct sdpa__impl {
      * implementation down the list that offers it is used). */
     sdpa_status (*weights)(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                            sdpa_tensor *w);
+    /* The gradients: dout (B, Hq, Lq, Dv) with the forward's out (B, Hq, Lq, Dv) and lse
+     * (B, Hq, Lq, 1) F32 give dq (B, Hq, Lq, Dk), dk (B, Hkv, Lk, Dk), dv (B, Hkv, Lk, Dv).
+     * May fail only with NOMEM, before writing. NULL: not offered. */
+    sdpa_status (*backward)(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
+                            const sdpa_tensor *out, const sdpa_tensor *lse, const sdpa_tensor *dout,
+                            sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv);
 };
 
 /* Whether impl may run on a CPU with `features` under `cap` (SDPA_ISA_AUTO = no cap). */
