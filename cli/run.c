@@ -63,11 +63,22 @@ static const char usage[] =
     "  --heatmap FILE.png   a picture of the weights (all heads of batch element 0)\n"
     "  --head H             with --heatmap: only head H\n"
     "\n"
+    "the backward (gradients of a loss L through the output, given dL/dout):\n"
+    "  --dout FILE          dL/dout, shaped like the output (dtype <f4, <f2 or bf16)\n"
+    "  --dq FILE, --dk FILE, --dv FILE   write dL/dq, dL/dk, dL/dv, each shaped and typed\n"
+    "                       like its input (at least one; needs --dout)\n"
+    "  --dropout P          drop each weight with chance P (0 <= P < 1), scale the kept by\n"
+    "                       1/(1-P); the same mask in the output and the gradients\n"
+    "  --seed S, --dropout-offset N   which mask (integers, default 0; a training step\n"
+    "                       advances the offset)\n"
+    "\n"
     "Without any output option the output is printed (small arrays) or summarised.\n"
     "Exit codes: 0 success, 1 runtime error (files, memory), 2 usage error.\n";
 
 typedef struct run_args {
     const char *q, *k, *v, *mask, *slopes, *out, *lse, *weights, *heatmap;
+    const char *dout, *dq, *dk, *dv; /* the backward: dL/dout in, the gradients out */
+    int seeded;                      /* --seed or --dropout-offset given */
     int bf16, alibi, threads;
     int out_dtype; /* -1: Q's; else the sdpa_dtype of --out */
     int64_t head;
@@ -109,9 +120,14 @@ static int parse_args(int argc, char **argv, run_args *a) {
                  {"--out", &a->out},
                  {"--lse", &a->lse},
                  {"--weights", &a->weights},
-                 {"--heatmap", &a->heatmap}};
-    static const char *const with_value[] = {"--dtype",   "--align",   "--window", "--scale",
-                                             "--softcap", "--threads", "--head",   "--out-dtype"};
+                 {"--heatmap", &a->heatmap},
+                 {"--dout", &a->dout},
+                 {"--dq", &a->dq},
+                 {"--dk", &a->dk},
+                 {"--dv", &a->dv}};
+    static const char *const with_value[] = {
+        "--dtype", "--align",     "--window",  "--scale", "--softcap",       "--threads",
+        "--head",  "--out-dtype", "--dropout", "--seed",  "--dropout-offset"};
     for (int i = 0; i < argc; i++) {
         const char *opt = argv[i];
         if (cli_is_help(opt)) {
@@ -207,6 +223,20 @@ static int parse_args(int argc, char **argv, run_args *a) {
                                        val);
             if (rc != 0 || a->p.softcap <= 0.0f)
                 return cli_usage_error("run", "--softcap %s: expected a positive number", val);
+        } else if (strcmp(opt, "--dropout") == 0) {
+            const int rc = cli_parse_float(val, &a->p.dropout_p);
+            if (rc != 0 || !(a->p.dropout_p >= 0.0f && a->p.dropout_p < 1.0f))
+                return cli_usage_error("run",
+                                       "--dropout %s: expected the chance of dropping a weight, "
+                                       "0 <= P < 1",
+                                       val);
+        } else if (strcmp(opt, "--seed") == 0 || strcmp(opt, "--dropout-offset") == 0) {
+            int64_t n;
+            if (cli_parse_int(val, 0, INT64_MAX, &n) != 0)
+                return cli_usage_error("run", "%s %s: expected an integer from 0 to 2^63 - 1", opt,
+                                       val);
+            *(opt[2] == 's' ? &a->p.dropout_seed : &a->p.dropout_offset) = (uint64_t)n;
+            a->seeded = 1;
         } else if (strcmp(opt, "--threads") == 0) {
             int64_t n;
             if (cli_parse_int(val, INT64_MIN, INT64_MAX, &n) != 0 || n < 0 || n > SDPA_MAX_THREADS)
@@ -225,6 +255,15 @@ static int parse_args(int argc, char **argv, run_args *a) {
         return cli_usage_error("run", "--head only applies to --heatmap");
     if (a->out_dtype >= 0 && a->out == NULL)
         return cli_usage_error("run", "--out-dtype only applies to --out");
+    const int grads = a->dq != NULL || a->dk != NULL || a->dv != NULL;
+    if (grads && a->dout == NULL)
+        return cli_usage_error("run", "--dq, --dk and --dv need --dout FILE: the gradient of the "
+                                      "loss by the output");
+    if (a->dout != NULL && !grads)
+        return cli_usage_error("run", "--dout is for the backward: name at least one of --dq, "
+                                      "--dk and --dv to write");
+    if (a->seeded && a->p.dropout_p == 0.0f)
+        return cli_usage_error("run", "--seed and --dropout-offset only apply with --dropout P");
     return CLI_OK;
 }
 
@@ -329,7 +368,7 @@ int cli_run(int argc, char **argv) {
     if (rc != CLI_OK)
         return rc < 0 ? CLI_OK : rc;
     /* every output checked before any work: distinct, not an input, writable */
-    npy_out o_out = {0}, o_lse = {0}, o_w = {0};
+    npy_out o_out = {0}, o_lse = {0}, o_w = {0}, o_dq = {0}, o_dk = {0}, o_dv = {0};
     heatmap_png pic = {0};
     outputs outs;
     outputs_init(&outs);
@@ -337,17 +376,21 @@ int cli_run(int argc, char **argv) {
     outputs_add(&outs, "--lse", a.lse, npy_write, &o_lse);
     outputs_add(&outs, "--weights", a.weights, npy_write, &o_w);
     outputs_add(&outs, "--heatmap", a.heatmap, heatmap_png_write, &pic);
+    outputs_add(&outs, "--dq", a.dq, npy_write, &o_dq);
+    outputs_add(&outs, "--dk", a.dk, npy_write, &o_dk);
+    outputs_add(&outs, "--dv", a.dv, npy_write, &o_dv);
     {
-        const char *const in_opts[] = {"--q", "--k", "--v", "--mask", "--alibi-slopes"};
-        const char *const in_paths[] = {a.q, a.k, a.v, a.mask, a.slopes};
+        const char *const in_opts[] = {"--q", "--k", "--v", "--mask", "--alibi-slopes", "--dout"};
+        const char *const in_paths[] = {a.q, a.k, a.v, a.mask, a.slopes, a.dout};
         char why[1024];
-        if ((rc = outputs_check(&outs, 5, in_opts, in_paths, why, sizeof why)) != 0) {
+        if ((rc = outputs_check(&outs, 6, in_opts, in_paths, why, sizeof why)) != 0) {
             fprintf(stderr, "sdpa run: %s\n", why);
             return rc;
         }
     }
 
-    input q = {0}, k = {0}, v = {0}, mask = {0}, sl = {0};
+    input q = {0}, k = {0}, v = {0}, mask = {0}, sl = {0}, dout = {0};
+    void *grad[3] = {NULL, NULL, NULL}; /* dq, dk, dv */
     float *slopes = NULL, *lse = NULL, *w = NULL;
     void *out = NULL;
     uint8_t *px = NULL;
@@ -429,6 +472,26 @@ int cli_run(int argc, char **argv) {
         rc = CLI_USAGE;
         goto done;
     }
+    if (a.dout != NULL) {
+        /* dL/dout has the output's shape: Q's leading extents, then Dv */
+        if (load_input(&dout, a.dout, qkv_flags, 2, "the output's gradient"))
+            goto done;
+        int64_t want[NPY_MAX_DIMS];
+        const int nd = out_shape(&q, Dv, want);
+        int same = dout.a.ndim == nd;
+        for (int d = 0; same && d < nd; d++)
+            same = dout.a.shape[d] == want[d];
+        if (!same) {
+            char s[NPY_SHAPE_CHARS], sw[NPY_SHAPE_CHARS];
+            npy_format_shape(s, sizeof s, dout.a.ndim, dout.a.shape);
+            npy_format_shape(sw, sizeof sw, nd, want);
+            fprintf(stderr,
+                    "sdpa run: %s has shape %s, but the output it is the gradient of has shape "
+                    "%s (the leading extents of %s, then Dv of %s)\n",
+                    a.dout, s, sw, a.q, a.v);
+            goto done;
+        }
+    }
 
     sdpa_ctx_params cp = {0};
     cp.n_threads = a.threads;
@@ -462,6 +525,29 @@ int cli_run(int argc, char **argv) {
             goto nomem;
         sdpa_tensor tw = sdpa_tensor_bhld(w, SDPA_F32, B, Hq, Lq, Lk);
         st = sdpa_weights(ctx, &q.t, &k.t, &a.p, &tw);
+    }
+    if (st == SDPA_OK && a.dout != NULL) {
+        /* every gradient is computed (the call writes all three), each in its input's dtype;
+         * only those asked for are written */
+        const input *of[3] = {&q, &k, &v};
+        sdpa_tensor tg[3];
+        for (int n = 0; n < 3; n++) {
+            const sdpa_tensor *t = &of[n]->t;
+            grad[n] = malloc((size_t)(t->shape[0] * t->shape[1] * t->shape[2] * t->shape[3]) *
+                             sdpa_dtype_size(t->dtype));
+            if (grad[n] == NULL)
+                goto nomem;
+            tg[n] = sdpa_tensor_bhld(grad[n], t->dtype, t->shape[0], t->shape[1], t->shape[2],
+                                     t->shape[3]);
+        }
+        st = sdpa_backward(ctx, &q.t, &k.t, &v.t, &to, &tl, &dout.t, &a.p, &tg[0], &tg[1], &tg[2]);
+        npy_out *og[3] = {&o_dq, &o_dk, &o_dv};
+        for (int n = 0; n < 3; n++) {
+            og[n]->dtype = of[n]->a.dtype;
+            og[n]->ndim = of[n]->a.ndim;
+            memcpy(og[n]->shape, of[n]->a.shape, sizeof og[n]->shape);
+            og[n]->data = grad[n];
+        }
     }
     if (st != SDPA_OK) {
         fprintf(stderr, "sdpa run: %s: %s\n", sdpa_status_str(st), sdpa_ctx_last_error(ctx));
@@ -500,7 +586,7 @@ int cli_run(int argc, char **argv) {
     }
     if (outputs_commit(&outs, err, sizeof err) != 0)
         goto save_failed;
-    if (a.out == NULL && a.lse == NULL && a.weights == NULL && a.heatmap == NULL)
+    if (outs.n == 0) /* no file asked for: the output is shown */
         print_result(out, (int64_t)n_rows, Dv, &q);
     rc = CLI_OK;
     goto done;
@@ -517,6 +603,9 @@ done:
     npy_free(&v.a);
     npy_free(&mask.a);
     npy_free(&sl.a);
+    npy_free(&dout.a);
+    for (int n = 0; n < 3; n++)
+        free(grad[n]);
     free(slopes);
     free(out);
     free(lse);

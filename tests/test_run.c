@@ -102,7 +102,7 @@ static npy_array load(const char *name) {
 
 /* The problem every case starts from: B=2, Hq=3, Hkv=1, Lq=5, Lk=7, Dk=8, Dv=6. */
 enum { B = 2, HQ = 3, HKV = 1, LQ = 5, LK = 7, DK = 8, DV = 6 };
-static tu_tensor q, k, v;
+static tu_tensor q, k, v, dout;
 
 static void write_inputs(void) {
     tu_rng r = {2024};
@@ -179,6 +179,12 @@ static void write_inputs(void) {
     save("q_bf16.npy", SDPA_BF16, 4, sq, qb.t.data);
     tu_free(&qh);
     tu_free(&qb);
+    /* dL/dout for the backward, and one of Dk's width instead of Dv's */
+    dout = tu_alloc(SDPA_F32, B, HQ, LQ, DV, TU_BHLD, 0, 0);
+    tu_fill_randn(&dout, &r, 1, 0);
+    const int64_t so[4] = {B, HQ, LQ, DV}, sbad_o[4] = {B, HQ, LQ, DK};
+    save("dout.npy", SDPA_F32, 4, so, dout.t.data);
+    save("dout_bad.npy", SDPA_F32, 4, sbad_o, q.t.data);
 }
 
 /* The reference's output for params p, as doubles (B, HQ, LQ, DV). */
@@ -369,6 +375,61 @@ static void test_threads_dtypes_ranks(void) {
     CHECK_STR_CONTAINS(out_text, "output (5, 6)");
 }
 
+/* The gradients the command writes: the library's sdpa_backward on the same arrays, each
+ * shaped and typed like its input; with dropout, the same mask in out.npy and the gradients. */
+static void check_grads(const char *args, const sdpa_params *p) {
+    CHECK_MSG(run(args) == 0, "%s: %s", args, err_text);
+    sdpa_ctx *ctx = tu_ctx(1, SDPA_ISA_AUTO);
+    tu_tensor o = tu_alloc(SDPA_F32, B, HQ, LQ, DV, TU_BHLD, 0, 0);
+    tu_tensor l = tu_alloc(SDPA_F32, B, HQ, LQ, 1, TU_BHLD, 0, 0);
+    tu_tensor g[3] = {tu_alloc(SDPA_F32, B, HQ, LQ, DK, TU_BHLD, 0, 0),
+                      tu_alloc(SDPA_F32, B, HKV, LK, DK, TU_BHLD, 0, 0),
+                      tu_alloc(SDPA_F32, B, HKV, LK, DV, TU_BHLD, 0, 0)};
+    CHECK(sdpa_forward(ctx, &q.t, &k.t, &v.t, p, &o.t, &l.t) == SDPA_OK);
+    CHECK(sdpa_backward(ctx, &q.t, &k.t, &v.t, &o.t, &l.t, &dout.t, p, &g[0].t, &g[1].t, &g[2].t) ==
+          SDPA_OK);
+    static const char *const files[3] = {"gq.npy", "gk.npy", "gv.npy"};
+    for (int n = 0; n < 3; n++) {
+        npy_array a = load(files[n]);
+        const int64_t want = g[n].t.shape[0] * g[n].t.shape[1] * g[n].t.shape[2] * g[n].t.shape[3];
+        CHECK_MSG(a.data != NULL && a.dtype == SDPA_F32 && a.ndim == 4 && a.count == want,
+                  "%s: %s missing or misshapen", args, files[n]);
+        double worst = 0.0;
+        for (int64_t i = 0; a.data != NULL && a.count == want && i < want; i++)
+            worst = fmax(worst, fabs((double)((const float *)a.data)[i] -
+                                     (double)((const float *)g[n].t.data)[i]));
+        CHECK_MSG(worst <= 1e-6, "%s: %s differs by %g", args, files[n], worst);
+        npy_free(&a);
+        tu_free(&g[n]);
+    }
+    npy_array a = load("out.npy");
+    CHECK(a.data != NULL && a.count == B * HQ * LQ * DV &&
+          memcmp(a.data, o.t.data, (size_t)a.count * 4) == 0);
+    npy_free(&a);
+    tu_free(&o);
+    tu_free(&l);
+    sdpa_ctx_destroy(ctx);
+}
+
+static void test_backward(void) {
+    sdpa_params p = {0};
+    check_grads("--q q.npy --k k.npy --v v.npy --dout dout.npy --out out.npy --dq gq.npy "
+                "--dk gk.npy --dv gv.npy",
+                &p);
+    p.causal = 1;
+    p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    p.dropout_p = 0.25f;
+    p.dropout_seed = 7;
+    p.dropout_offset = 3;
+    check_grads("--q q.npy --k k.npy --v v.npy --causal bottom-right --dropout 0.25 --seed 7 "
+                "--dropout-offset 3 --dout dout.npy --out out.npy --dq gq.npy --dk gk.npy "
+                "--dv gv.npy",
+                &p);
+    /* one gradient alone; nothing printed when only gradients are asked for */
+    CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --dout dout.npy --dk gk_only.npy"), 0);
+    CHECK(exists("gk_only.npy") && out_text[0] == '\0');
+}
+
 static void test_heatmap(void) {
     CHECK_INT_EQ(run("--q q.npy --k k.npy --v v.npy --causal --heatmap w.png"), 0);
     char p[512], sig[8] = {0};
@@ -424,6 +485,20 @@ static void test_errors(void) {
          "--out-dtype f64: expected f32, f16 or bf16", 2},
         {"--q q.npy --k k.npy --v v.npy --out-dtype f32 --lse e.npy",
          "--out-dtype only applies to --out", 2},
+        {"--q q.npy --k k.npy --v v.npy --dq e.npy", "--dq, --dk and --dv need --dout FILE", 2},
+        {"--q q.npy --k k.npy --v v.npy --dout dout.npy --out e.npy", "--dout is for the backward",
+         2},
+        {"--q q.npy --k k.npy --v v.npy --seed 4 --out e.npy",
+         "--seed and --dropout-offset only apply with --dropout P", 2},
+        {"--q q.npy --k k.npy --v v.npy --dropout 1 --out e.npy", "--dropout 1: expected", 2},
+        {"--q q.npy --k k.npy --v v.npy --dropout 0.1 --seed -1 --out e.npy",
+         "--seed -1: expected an integer", 2},
+        {"--q q.npy --k k.npy --v v.npy --dout dout.npy --dq dout.npy --out e.npy",
+         "--dq dout.npy is the input --dout dout.npy", 2},
+        {"--q q.npy --k k.npy --v v.npy --dout dout_bad.npy --dq e.npy",
+         "dout_bad.npy has shape (2, 3, 5, 8), but the output it is the gradient of has shape "
+         "(2, 3, 5, 6)",
+         1},
         {"--q q.npy --k k.npy --v v.npy --mask mask_padding.npy --out e.npy",
          "a (B, Lk) padding mask needs the shape (B, 1, 1, Lk): save mask[:, None, None, :]", 1},
         {"--q q.npy --k k.npy --v v.npy --threads x --out e.npy", "--threads x", 2},
@@ -469,13 +544,14 @@ int main(int argc, char **argv) {
         return 2;
     }
     write_inputs();
-    const int rc =
-        CHECK_RUN(argc - 1, argv + 1, CASE(test_basic_outputs), CASE(test_every_parameter),
-                  CASE(test_threads_dtypes_ranks), CASE(test_heatmap), CASE(test_errors));
+    const int rc = CHECK_RUN(argc - 1, argv + 1, CASE(test_basic_outputs),
+                             CASE(test_every_parameter), CASE(test_threads_dtypes_ranks),
+                             CASE(test_backward), CASE(test_heatmap), CASE(test_errors));
     if (tu_remove_dir(dir) != 0)
         fprintf(stderr, "test_run: could not remove %s\n", dir);
     tu_free(&q);
     tu_free(&k);
     tu_free(&v);
+    tu_free(&dout);
     return rc;
 }
