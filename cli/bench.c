@@ -31,7 +31,7 @@ enum { MAX_SHAPES = 64 };
 
 static const char help[] =
     "usage: sdpa bench [--preset quick|full] [--shape SPEC]... [--threads N] [--json FILE]\n"
-    "                  [--reps N] [--warmup N] [--min-time S] [--peak-isa ISA]\n"
+    "                  [--reps N] [--warmup N] [--min-time S] [--peak-isa ISA] [--backward]\n"
     "\n"
     "Times sdpa_forward (f32, (B, H, L, D) contiguous, fixed-seed inputs) at a list of shapes\n"
     "and measures this machine's FP32 FMA peak and read bandwidth at the start and at the end\n"
@@ -60,6 +60,11 @@ static const char help[] =
     "  --peak-isa ISA       the FMA loop of the peak probe: auto (default: the level of the\n"
     "                       library's kernels, 'isa' in sdpa info), avx512, avx2 or generic;\n"
     "                       a level above the kernels' is refused (exit 1)\n"
+    "  --backward           time sdpa_backward instead, each repetition after a timed\n"
+    "                       sdpa_forward that gives it out and lse (the bwd/fwd column: the\n"
+    "                       ratio of the medians); its FLOP are counted as 2.5 x the forward's\n"
+    "                       (the usual convention: 5 products of the size of one of the\n"
+    "                       forward's 2)\n"
     "  --help               this text\n"
     "\n"
     "The header names the kernels that ran and their ISA level, the CPU (model, family and\n"
@@ -139,6 +144,7 @@ typedef struct options {
     int reps, warmup;
     double min_time;
     sdpa_isa peak_isa; /* SDPA_ISA_AUTO: the level of the library's kernels */
+    int backward;      /* time sdpa_backward */
 } options;
 
 /* Parses one field of a --shape, up to the next comma. @return the position after it. */
@@ -243,6 +249,8 @@ static int parse_options(int argc, char **argv, options *o) {
                 return cli_usage_error("bench", "--min-time wants seconds in 0..1e6, got '%s'",
                                        v ? v : "");
             o->min_time = t;
+        } else if (strcmp(argv[i], "--backward") == 0) {
+            o->backward = 1;
         } else if (cli_option_value(argc, argv, &i, "--peak-isa", &v)) {
             if (v != NULL && strcmp(v, "auto") == 0)
                 o->peak_isa = SDPA_ISA_AUTO;
@@ -372,6 +380,8 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
     r->s = *s;
     r->visible = visible_pairs(s);
     r->flops = 4.0 * (double)s->b * (double)s->hq * (double)s->d * (double)r->visible;
+    if (o->backward)
+        r->flops *= 2.5; /* BENCH_BACKWARD_FLOPS: the convention --help states */
     r->kv_bytes = 2.0 * (double)s->b * (double)s->hkv * (double)s->lk * (double)s->d * 4.0;
 
     int64_t nq = s->b, nkv = s->b;
@@ -400,12 +410,22 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
     float *q = alloc_floats(nq), *k = alloc_floats(nkv), *v = alloc_floats(nkv);
     float *out = alloc_floats(nq);
     double *times = malloc((size_t)o->reps * sizeof *times);
+    /* the backward's: the forward's lse, dL/dout, and the gradients */
+    const int bw = o->backward;
+    float *lse = bw ? alloc_floats(nq / s->d) : NULL, *dout = bw ? alloc_floats(nq) : NULL;
+    float *dq = bw ? alloc_floats(nq) : NULL, *dk = bw ? alloc_floats(nkv) : NULL;
+    float *dv = bw ? alloc_floats(nkv) : NULL;
+    double *times_f = bw ? malloc((size_t)o->reps * sizeof *times_f) : NULL;
     int rc = CLI_OK;
-    if (q == NULL || k == NULL || v == NULL || out == NULL || times == NULL) {
+    if (q == NULL || k == NULL || v == NULL || out == NULL || times == NULL ||
+        (bw && (lse == NULL || dout == NULL || dq == NULL || dk == NULL || dv == NULL ||
+                times_f == NULL))) {
         progress_clear(pg);
         fprintf(stderr,
-                "sdpa bench: %s: out of memory for the inputs (Q, K, V and the output: %.1f MB)\n",
-                pg->spec, (double)(2 * nq + 2 * nkv) * sizeof(float) / 1e6);
+                "sdpa bench: %s: out of memory for the inputs (Q, K, V and the output%s: %.1f "
+                "MB)\n",
+                pg->spec, bw ? ", dO and the gradients" : "",
+                (double)((bw ? 4 : 2) * nq + (bw ? 4 : 2) * nkv) * sizeof(float) / 1e6);
         rc = CLI_RUNTIME;
         goto done;
     }
@@ -418,6 +438,13 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
     sdpa_tensor tk = sdpa_tensor_bhld(k, SDPA_F32, s->b, s->hkv, s->lk, s->d);
     sdpa_tensor tv = sdpa_tensor_bhld(v, SDPA_F32, s->b, s->hkv, s->lk, s->d);
     sdpa_tensor to = sdpa_tensor_bhld(out, SDPA_F32, s->b, s->hq, s->lq, s->d);
+    sdpa_tensor tl = sdpa_tensor_bhld(lse, SDPA_F32, s->b, s->hq, s->lq, 1);
+    sdpa_tensor tdo = sdpa_tensor_bhld(dout, SDPA_F32, s->b, s->hq, s->lq, s->d);
+    sdpa_tensor tdq = sdpa_tensor_bhld(dq, SDPA_F32, s->b, s->hq, s->lq, s->d);
+    sdpa_tensor tdk = sdpa_tensor_bhld(dk, SDPA_F32, s->b, s->hkv, s->lk, s->d);
+    sdpa_tensor tdv = sdpa_tensor_bhld(dv, SDPA_F32, s->b, s->hkv, s->lk, s->d);
+    if (bw)
+        fill(dout, (size_t)nq, 4);
     sdpa_params p = {0};
     p.causal = s->mask != BENCH_MASK_NONE;
     p.align = s->mask == BENCH_MASK_CAUSAL_BR ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
@@ -427,7 +454,9 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
     atomic_store(&cnt.peak, r->ctx_bytes);
     for (int w = 0; w < o->warmup; w++) {
         progress_show(pg, "warm-up %d/%d", w + 1, o->warmup);
-        if (sdpa_forward(ctx, &tq, &tk, &tv, &p, &to, NULL) != SDPA_OK) {
+        if (sdpa_forward(ctx, &tq, &tk, &tv, &p, &to, bw ? &tl : NULL) != SDPA_OK ||
+            (bw &&
+             sdpa_backward(ctx, &tq, &tk, &tv, &to, &tl, &tdo, &p, &tdq, &tdk, &tdv) != SDPA_OK)) {
             progress_clear(pg);
             fprintf(stderr, "sdpa bench: %s: %s\n", pg->spec, sdpa_ctx_last_error(ctx));
             rc = CLI_RUNTIME;
@@ -440,9 +469,16 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
     while (n < o->reps) {
         progress_show(pg, "rep %d (at most %d; %.1f of %.1f s spent)", n + 1, o->reps, spent,
                       o->min_time);
-        const double t0 = bench_now_s();
-        const sdpa_status fs = sdpa_forward(ctx, &tq, &tk, &tv, &p, &to, NULL);
-        const double t = bench_now_s() - t0;
+        double t0 = bench_now_s();
+        sdpa_status fs = sdpa_forward(ctx, &tq, &tk, &tv, &p, &to, bw ? &tl : NULL);
+        double t = bench_now_s() - t0;
+        if (bw && fs == SDPA_OK) {
+            /* the forward just timed, then the backward of its result */
+            times_f[n] = t;
+            t0 = bench_now_s();
+            fs = sdpa_backward(ctx, &tq, &tk, &tv, &to, &tl, &tdo, &p, &tdq, &tdk, &tdv);
+            t = bench_now_s() - t0;
+        }
         if (fs != SDPA_OK) {
             progress_clear(pg);
             fprintf(stderr, "sdpa bench: %s: %s\n", pg->spec, sdpa_ctx_last_error(ctx));
@@ -462,8 +498,18 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
     r->t_min = times[0];
     r->t_max = times[n - 1];
     r->t_med = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    if (bw) {
+        qsort(times_f, (size_t)n, sizeof *times_f, cmp_double);
+        r->t_fwd_med = n % 2 ? times_f[n / 2] : 0.5 * (times_f[n / 2 - 1] + times_f[n / 2]);
+    }
 done:
     free(times);
+    free(times_f);
+    free(lse);
+    free(dout);
+    free(dq);
+    free(dk);
+    free(dv);
     free(q);
     free(k);
     free(v);
@@ -575,6 +621,7 @@ int cli_bench(int argc, char **argv) {
     }
 
     ri.preset = o.n_shapes == 0 ? o.preset : NULL;
+    ri.backward = o.backward;
     ri.reps_max = o.reps;
     ri.warmup = o.warmup;
     ri.min_time = o.min_time;

@@ -77,11 +77,13 @@ typedef struct bench_result {
     size_t extra_bytes;         /* peak held by the library during the calls, beyond ctx */
     size_t ctx_bytes;           /* held by the fresh context before the calls */
     double allocs_per_call;
+    double t_fwd_med; /* with --backward: the median of the forwards timed beside it */
 } bench_result;
 
 /* The whole run, as reported. */
 typedef struct bench_run {
     const char *preset; /* NULL when the shapes came from --shape */
+    int backward;       /* the timed call is sdpa_backward (FLOP: 2.5 x the forward's) */
     int n_threads;
     const char *isa;     /* sdpa_isa_name(sdpa_ctx_isa()): the level of the kernels that run */
     const char *kernel;  /* sdpa_ctx_kernel(): the implementation that runs */

@@ -128,9 +128,11 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
                 "note: the peak loop (%s) is below the kernels (%s): %%peak is against a peak "
                 "they can exceed\n\n",
                 sdpa_isa_name(ri->peak_start.isa), ri->isa);
-    fprintf(f, "%3s %6s %6s %6s %5s %-9s %5s %10s %10s %10s %9s %6s %8s %5s %9s\n", "B", "H", "Lq",
-            "Lk", "D", "mask", "reps", "median ms", "min ms", "max ms", "GFLOP/s", "%peak", "GB/s",
-            "%bw", "extra MB");
+    if (ri->backward)
+        fprintf(f, "sdpa_backward (FLOP = 2.5 x the forward's):\n");
+    fprintf(f, "%3s %6s %6s %6s %5s %-9s %5s %10s %10s %10s %9s %6s %8s %5s %9s%s\n", "B", "H",
+            "Lq", "Lk", "D", "mask", "reps", "median ms", "min ms", "max ms", "GFLOP/s", "%peak",
+            "GB/s", "%bw", "extra MB", ri->backward ? "  bwd/fwd" : "");
     for (int i = 0; i < n; i++) {
         const bench_result *r = &rs[i];
         char h[48];
@@ -138,15 +140,20 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
         const double gflops = r->flops / r->t_med * 1e-9, gbs = r->kv_bytes / r->t_med * 1e-9;
         fprintf(f,
                 "%3lld %6s %6lld %6lld %5lld %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%% %8.2f "
-                "%4.1f%% %9.3f\n",
+                "%4.1f%% %9.3f",
                 (long long)r->s.b, h, (long long)r->s.lq, (long long)r->s.lk, (long long)r->s.d,
                 bench_mask_name(r->s.mask), r->reps, r->t_med * 1e3, r->t_min * 1e3, r->t_max * 1e3,
                 gflops, 100.0 * ratio(gflops, ri->peak_gflops), gbs,
                 100.0 * ratio(gbs, ri->peak_gbs), (double)r->extra_bytes / 1e6);
+        if (ri->backward)
+            fprintf(f, " %8.2f", ratio(r->t_med, r->t_fwd_med));
+        fputc('\n', f);
     }
     fprintf(f,
-            "\nGFLOP/s = 4*B*Hq*D*(visible pairs) / median; %%peak against the higher of the two "
-            "peaks; GB/s = K and V bytes / median.\n");
+            "\nGFLOP/s = %s*B*Hq*D*(visible pairs) / median; %%peak against the higher of the two "
+            "peaks; GB/s = K and V bytes / median%s.\n",
+            ri->backward ? "10" : "4",
+            ri->backward ? "; bwd/fwd = backward median / forward median, timed alternately" : "");
 }
 
 static void json_string(FILE *f, const char *s) {
@@ -212,9 +219,10 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
             "  \"warmup\": %d,\n  \"min_time_s\": ",
             ri->reps_max, ri->warmup);
     json_number(f, ri->min_time);
+    fprintf(f, ",\n  \"op\": \"%s\"", ri->backward ? "backward" : "forward");
     fputs(",\n  \"flop_convention\": \"4*B*Hq*D*visible_pairs: 2*D per visible (query, key) "
           "pair for Q K^T and 2*D for P V; softmax not counted; causal counts only the visible "
-          "pairs\",\n  \"peak\": {\n",
+          "pairs; the backward counts 2.5 times that\",\n  \"peak\": {\n",
           f);
     json_peak(f, "start", &ri->peak_start);
     fputs(",\n", f);
@@ -263,6 +271,12 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
                 ", \"extra_bytes\": %zu, \"ctx_bytes\": %zu, \"allocs_per_call\": ", r->extra_bytes,
                 r->ctx_bytes);
         json_number(f, r->allocs_per_call);
+        if (ri->backward) {
+            fputs(", \"ms_forward_median\": ", f);
+            json_number(f, r->t_fwd_med * 1e3);
+            fputs(", \"bwd_over_fwd\": ", f);
+            json_number(f, ratio(r->t_med, r->t_fwd_med));
+        }
         fputs("}", f);
     }
     fputs("\n  ]\n}\n", f);

@@ -51,6 +51,16 @@ if grep -Eq '^ +1 +1 +16 +16 +8 +none' "$tmp/out"; then ok table_row; else fail 
 if python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["shapes"][1]; assert s["visible_pairs"]==36 and s["Hkv"]==1 and s["flops"]==4*2*4*36, s' \
   "$tmp/x.json" 2>/dev/null; then ok causal_pairs; else fail causal_pairs; fi
 
+# --backward times sdpa_backward: FLOP 2.5 x the forward's, and the bwd/fwd ratio.
+check backward 0 -- --backward --shape 1,2,8,8,4 --reps 1 --min-time 0.1 --threads 1 --json "$tmp/b.json"
+if grep -q 'bwd/fwd' "$tmp/out" &&
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); s=j["shapes"][0]; assert j["op"]=="backward" and s["flops"]==2.5*4*2*4*64 and s["bwd_over_fwd"]>0, s' \
+    "$tmp/b.json" 2>/dev/null; then
+  ok backward_figures
+else
+  fail backward_figures
+fi
+
 check help 0 -- --help
 if grep -q 'visible' "$tmp/out"; then ok help_flops; else fail help_flops; fi
 check bad_option 2 -- --frob
