@@ -1,0 +1,272 @@
+"""sdpa on numpy arrays, against a float64 numpy reference written out here: every feature,
+ranks, strides, dtypes, the backward, dropout, bad inputs, threads, determinism, leaks."""
+
+import gc
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import sdpa
+
+RNG = np.random.default_rng(2026)
+
+
+def randn(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def reference(q, k, v, mask=None, causal=False, scale=None, window=None, align="top-left",
+              softcap=None, slopes=None, gqa=False):
+    """The forward in float64, as sdpa.h's Semantics state it; returns (out, lse, weights).
+    Fully masked rows: out 0, lse -inf."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    if gqa and q.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        g = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
+    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+    sc = 1 / np.sqrt(E) if scale is None else scale
+    s = (q @ np.swapaxes(k, -1, -2)) * sc
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    off = S - L if align == "bottom-right" else 0
+    i = np.arange(L)[:, None] + off
+    j = np.arange(S)[None, :]
+    if slopes is not None:
+        sl = np.asarray(slopes, np.float64).reshape((-1, 1, 1))
+        s = s - sl * np.abs(i - j)
+    vis = np.ones((L, S), bool)
+    if causal:
+        vis &= j <= i
+    if window is not None:
+        lft, rgt = window
+        if lft >= 0:
+            vis &= j >= i - lft
+        if rgt >= 0:
+            vis &= j <= i + rgt
+    s = np.where(vis, s, -np.inf)
+    if mask is not None:
+        m = np.asarray(mask)
+        s = np.where(m, s, -np.inf) if m.dtype == np.bool_ else s + m.astype(np.float64)
+    mx = s.max(axis=-1, keepdims=True)
+    empty = ~np.isfinite(mx)
+    e = np.where(empty, 0.0, np.exp(s - np.where(empty, 0.0, mx)))
+    tot = e.sum(axis=-1, keepdims=True)
+    w = np.where(empty, 0.0, e / np.where(empty, 1.0, tot))
+    lse = np.where(empty[..., 0], -np.inf, (mx + np.log(np.where(empty, 1.0, tot)))[..., 0])
+    return w @ v, lse, w
+
+
+def close(got, want, tol):
+    got = np.asarray(got, dtype=np.float64)
+    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
+    err = float(np.abs(got - want).max()) if want.size else 0.0
+    assert err <= tol * scale, "max error %.3g > %.3g" % (err, tol * scale)
+
+
+CASES = [
+    dict(),
+    dict(causal=True),
+    dict(causal=True, align="bottom-right"),
+    dict(window=(3, 1)),
+    dict(window=(2, -1), align="bottom-right"),
+    dict(softcap=2.0),
+    dict(scale=0.3),
+    dict(slopes=[0.5, 0.25, 0.125, 0.0625]),
+]
+
+
+@pytest.mark.parametrize("kw", CASES, ids=lambda kw: ",".join(sorted(kw)) or "plain")
+def test_features(kw):
+    q, k, v = randn(2, 4, 7, 8), randn(2, 4, 9, 8), randn(2, 4, 9, 5)
+    want, want_lse, want_w = reference(q, k, v, **kw)
+    extra = dict(is_causal=kw.get("causal", False), scale=kw.get("scale"),
+                 window=kw.get("window"), alignment=kw.get("align", "top-left"),
+                 softcap=kw.get("softcap"), alibi_slopes=kw.get("slopes"))
+    out, lse = sdpa.scaled_dot_product_attention(q, k, v, return_lse=True, **extra)
+    assert out.shape == (2, 4, 7, 5) and out.dtype == np.float32
+    close(out, want, 1e-5)
+    close(np.where(np.isfinite(want_lse), lse, 0), np.where(np.isfinite(want_lse), want_lse, 0),
+          1e-5)
+    w = sdpa.attention_weights(q, k, **extra)
+    close(w, want_w, 1e-6)
+
+
+@pytest.mark.parametrize("mshape", [(9,), (7, 9), (4, 1, 9), (2, 1, 1, 9), (2, 4, 7, 9)])
+def test_masks_broadcast(mshape):
+    q, k, v = randn(2, 4, 7, 8), randn(2, 4, 9, 8), randn(2, 4, 9, 8)
+    keep = RNG.random(mshape) > 0.3
+    add = np.where(keep, RNG.standard_normal(mshape), -np.inf).astype(np.float32)
+    for m in (keep, add):
+        out = sdpa.scaled_dot_product_attention(q, k, v, attn_mask=m)
+        close(out, reference(q, k, v, mask=m)[0], 1e-5)
+
+
+def test_fully_masked_rows_are_zero():
+    q, k, v = randn(1, 2, 4, 8), randn(1, 2, 5, 8), randn(1, 2, 5, 8)
+    m = np.ones((4, 5), bool)
+    m[2] = False
+    out, lse = sdpa.scaled_dot_product_attention(q, k, v, attn_mask=m, return_lse=True)
+    assert np.all(out[..., 2, :] == 0) and np.all(lse[..., 2] == -np.inf)
+    assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize("rank", [2, 3, 4, 5])
+def test_ranks(rank):
+    lead = (2, 3, 2, 3)[: rank - 2]
+    q, k, v = randn(*lead, 6, 4), randn(*lead, 5, 4), randn(*lead, 5, 4)
+    out = sdpa.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.shape == lead + (6, 4)
+    close(out, reference(q, k, v, causal=True)[0], 1e-5)
+
+
+def test_gqa():
+    q, k, v = randn(2, 8, 5, 16), randn(2, 2, 6, 16), randn(2, 2, 6, 16)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        sdpa.scaled_dot_product_attention(q, k, v)
+    out = sdpa.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    close(out, reference(q, k, v, gqa=True)[0], 1e-5)
+
+
+def test_strided_views_without_copy():
+    # (B, L, H, E) memory seen as (B, H, L, E), every other key, a reversed query order
+    base_q, base_k = randn(2, 9, 4, 8), randn(2, 12, 4, 8)
+    q = base_q.transpose(0, 2, 1, 3)[:, :, ::-1]
+    k = base_k.transpose(0, 2, 1, 3)[:, :, ::2]
+    v = randn(2, 4, 6, 8)[..., ::1]
+    out = sdpa.scaled_dot_product_attention(q, k, v)
+    close(out, reference(q, k, v)[0], 1e-5)
+
+
+def test_float16_and_bfloat16():
+    q, k, v = randn(1, 2, 8, 16), randn(1, 2, 8, 16), randn(1, 2, 8, 16)
+    out = sdpa.scaled_dot_product_attention(q.astype(np.float16), k.astype(np.float16),
+                                            v.astype(np.float16))
+    assert out.dtype == np.float16
+    want = reference(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16))[0]
+    close(out, want, 2e-3)
+    ml = pytest.importorskip("ml_dtypes")
+    qb, kb, vb = (x.astype(ml.bfloat16) for x in (q, k, v))
+    out = sdpa.scaled_dot_product_attention(qb, kb, vb)
+    assert out.dtype == ml.bfloat16
+    close(out.astype(np.float32), reference(qb.astype(np.float32), kb.astype(np.float32),
+                                            vb.astype(np.float32))[0], 1e-2)
+
+
+def grads_reference(q, k, v, dout, **kw):
+    """dq, dk, dv of the float64 reference (no GQA), by the backward's formulas."""
+    out, _, w = reference(q, k, v, **kw)
+    dout = dout.astype(np.float64)
+    dv = np.swapaxes(w, -1, -2) @ dout
+    dp = dout @ np.swapaxes(v.astype(np.float64), -1, -2)
+    ds = w * (dp - (dout * out).sum(axis=-1, keepdims=True))
+    sc = 1 / np.sqrt(q.shape[-1])
+    return ds @ k.astype(np.float64) * sc, np.swapaxes(ds, -1, -2) @ q.astype(np.float64) * sc, dv
+
+
+def test_backward():
+    q, k, v, do = randn(2, 3, 6, 8), randn(2, 3, 7, 8), randn(2, 3, 7, 4), randn(2, 3, 6, 4)
+    out, lse = sdpa.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    dq, dk, dv = sdpa.attention_backward(q, k, v, out, lse, do, is_causal=True)
+    for got, want in zip((dq, dk, dv), grads_reference(q, k, v, do, causal=True)):
+        assert got.shape == want.shape and got.dtype == np.float32
+        close(got, want, 1e-5)
+
+
+def test_dropout_reproducible():
+    q, k, v = randn(1, 2, 6, 8), randn(1, 2, 6, 8), randn(1, 2, 6, 8)
+    kw = dict(dropout_p=0.5, dropout_seed=11, dropout_offset=2)
+    a = sdpa.scaled_dot_product_attention(q, k, v, **kw)
+    b = sdpa.scaled_dot_product_attention(q, k, v, **kw)
+    c = sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.5, dropout_seed=11,
+                                          dropout_offset=3)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    fresh = [sdpa.scaled_dot_product_attention(q, k, v, dropout_p=0.5) for _ in range(2)]
+    assert not np.array_equal(fresh[0], fresh[1])  # a new mask per call without a seed
+    with pytest.raises(ValueError, match="dropout_seed"):
+        sdpa.attention_backward(q, k, v, a, np.zeros((1, 2, 6), np.float32), a, dropout_p=0.5)
+
+
+@pytest.mark.parametrize("args,exc,match", [
+    (dict(q=np.zeros((1, 1, 2, 4))), TypeError, "float64"),
+    (dict(q=[[1.0]]), TypeError, "numpy array or a torch tensor"),
+    (dict(k=np.zeros((1, 1, 3, 5), np.float32)), ValueError, "k.shape"),
+    (dict(mask=np.ones((3, 3), bool)), ValueError, "does not broadcast"),
+    (dict(causal_and_mask=True), ValueError, "exclude each other"),
+    (dict(scale=float("nan")), ValueError, "params.scale"),
+    (dict(align="middle"), ValueError, "alignment"),
+    (dict(q=np.zeros(4, np.float32)), ValueError, "rank 1"),
+])
+def test_bad_inputs(args, exc, match):
+    q = args.get("q", np.zeros((1, 1, 2, 4), np.float32))
+    k = args.get("k", np.zeros((1, 1, 3, 4), np.float32))
+    v = np.zeros((1, 1, 3, 4), np.float32)
+    mask = args.get("mask")
+    if args.get("causal_and_mask"):
+        mask = np.ones((2, 3), bool)
+    with pytest.raises(exc, match=match):
+        sdpa.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                          is_causal=bool(args.get("causal_and_mask")),
+                                          scale=args.get("scale"),
+                                          alignment=args.get("align", "top-left"))
+
+
+def test_unmergeable_leading_dims():
+    q = randn(3, 4, 2, 5, 8).transpose(1, 0, 2, 3, 4)  # (4, 3, ...) whose axes cannot merge
+    k = randn(4, 3, 2, 5, 8)
+    with pytest.raises(ValueError, match="cannot be merged"):
+        sdpa.scaled_dot_product_attention(q, k, k)
+
+
+def test_contexts_and_determinism():
+    q, k, v = randn(1, 8, 200, 32), randn(1, 8, 300, 32), randn(1, 8, 300, 32)
+    outs = [sdpa.scaled_dot_product_attention(q, k, v, context=sdpa.Context(n_threads=n))
+            for n in (1, 2, 3)]
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    generic = sdpa.Context(n_threads=1, max_isa="generic")
+    assert generic.isa == "generic"
+    close(sdpa.scaled_dot_product_attention(q, k, v, context=generic), reference(q, k, v)[0],
+          1e-5)
+    with pytest.raises(ValueError, match="max_isa"):
+        sdpa.Context(max_isa="sse")
+    info = sdpa.info()
+    assert info["version"] == sdpa.__version__ and info["n_threads"] >= 1
+
+
+def test_threads_share_and_not():
+    q, k, v = randn(1, 4, 64, 16), randn(1, 4, 64, 16), randn(1, 4, 64, 16)
+    want = sdpa.scaled_dot_product_attention(q, k, v)
+    shared = sdpa.Context(n_threads=1)
+    errors, results = [], []
+
+    def work(ctx):
+        for _ in range(20):
+            try:
+                results.append(sdpa.scaled_dot_product_attention(q, k, v, context=ctx))
+            except RuntimeError as e:  # a shared context busy in another thread
+                errors.append(str(e))
+
+    threads = [threading.Thread(target=work, args=(c,)) for c in (None, None, shared, shared)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(np.array_equal(r, want) for r in results)
+    assert all("SDPA_ERR_BUSY" in e for e in errors)
+    assert len(results) + len(errors) == 80 and len(results) >= 40
+
+
+def test_no_leaks():
+    q, k, v = randn(1, 2, 8, 8), randn(1, 2, 8, 8), randn(1, 2, 8, 8)
+    refs = [sys.getrefcount(x) for x in (q, k, v)]
+    for _ in range(300):
+        out, lse = sdpa.scaled_dot_product_attention(q, k, v, return_lse=True)
+        sdpa.attention_backward(q, k, v, out, lse, out)
+        try:
+            sdpa.scaled_dot_product_attention(q, k[..., :4], v)
+        except ValueError:
+            pass
+    gc.collect()
+    assert [sys.getrefcount(x) for x in (q, k, v)] == refs
+    assert sys.getrefcount(out) == 2
