@@ -79,9 +79,17 @@ def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
 
 
+_NUMPY_CODES = {np.dtype(np.float32).num: _sdpa.F32, np.dtype(np.float16).num: _sdpa.F16,
+                np.dtype(np.bool_).num: _sdpa.BOOL}
+
+
 def _view(x, name, allow_bool=False):
     """(ndarray sharing x's memory, dtype code, 'numpy' or 'torch') for a numpy array or a
     CPU torch tensor."""
+    if type(x) is np.ndarray:  # the common case first: a call's overhead is in these lines
+        code = _NUMPY_CODES.get(x.dtype.num)
+        if code is not None and (code != _sdpa.BOOL or allow_bool):
+            return x, code, "numpy"
     if _is_torch(x):
         import torch
         if x.device.type != "cpu":
@@ -136,6 +144,8 @@ def _rank4(a, name):
         return a[None, None]
     if a.ndim == 3:
         return a[None]
+    if a.ndim == 4:
+        return a
     return _merge_leading(a, a.shape[:-3], name)
 
 
