@@ -7,7 +7,14 @@
  *   (b) the reference's F32 output and its LSE lie within 1e-5 (relative) of the float64
  *       output and log-sum-exp, and fully masked rows are exactly 0 with LSE -inf;
  *   (c) sdpa_forward through the public API gives the same bytes as the reference while it
- *       dispatches to the reference, and passes the rule of (a) once it dispatches elsewhere.
+ *       dispatches to the reference, and passes the rule of (a) once it dispatches elsewhere;
+ *   (d) sdpa_backward, given sdpa_forward's out and LSE for the same inputs and the fixture's
+ *       dout, gives dq, dk and dv (in the storage dtype) that pass testing.md's gradient rule
+ *       against PyTorch autograd's float64 gradients, with autograd's storage-dtype gradients
+ *       as the baseline; the dq of fully masked rows and the dk, dv of keys no row sees are
+ *       exactly 0. This runs on the library as it dispatches and again with the context
+ *       capped at each registered fast implementation's level (levels this CPU lacks are
+ *       reported as skipped); each capped run also checks its forward output by (a)'s rule.
  * The program fails when the fixture file is missing, damaged or empty.
  */
 #include "check.h"
@@ -22,7 +29,8 @@
 #define SDPA_GOLDEN_DIR "tests/golden" /* tests/CMakeLists.txt passes the real one */
 #endif
 
-#define GOLDEN_VERSION 1
+#define GOLDEN_VERSION 2
+#define GOLDEN_FLAG_BACKWARD 1     /* the case carries dout and the gradients */
 #define GOLDEN_MAX_EXTENT 4096     /* sanity limits on what a fixture may ask for */
 #define GOLDEN_MAX_ELEMS (1 << 22) /* per array */
 #define GOLDEN_REL_TOL 1e-5        /* (b): |x - golden| <= tol |golden| + abs floor */
@@ -42,7 +50,11 @@ typedef struct golden_case {
     int32_t mask_dt; /* GOLDEN_MASK_NONE or an sdpa_dtype */
     int64_t mask_shape[4];
     int32_t n_empty; /* fully masked rows, post-processed to O = 0, LSE = -inf */
+    int32_t flags;   /* GOLDEN_FLAG_BACKWARD */
     const unsigned char *q, *k, *v, *slopes, *mask, *out64, *lse64, *out_lp;
+    /* with GOLDEN_FLAG_BACKWARD, else NULL: dout in out_dt, the float64 gradients of
+     * sum(dout * out) and autograd's gradients in the q, k, v dtypes */
+    const unsigned char *dout, *dq64, *dk64, *dv64, *dq_lp, *dk_lp, *dv_lp;
 } golden_case;
 
 /* What the program loaded; filled once by main before any case runs. */
@@ -152,7 +164,7 @@ static int read_case(reader *r, golden_case *c, const char *path) {
     for (int i = 0; i < 4; i++)
         c->mask_shape[i] = read_i64(r);
     c->n_empty = read_i32(r);
-    (void)read_i32(r); /* reserved */
+    c->flags = read_i32(r);
     if (r->bad)
         return load_fail(path, "truncated case header", c->name);
     for (int i = 0; i < 7; i++)
@@ -191,6 +203,18 @@ static int read_case(reader *r, golden_case *c, const char *path) {
     c->out64 = take(r, (size_t)no * 8);
     c->lse64 = take(r, (size_t)(c->B * c->Hq * c->Lq) * 8);
     c->out_lp = take(r, (size_t)no * sdpa_dtype_size(c->out_dt));
+    if (c->flags & ~GOLDEN_FLAG_BACKWARD)
+        return load_fail(path, "unknown flags", c->name);
+    c->dout = c->dq64 = c->dk64 = c->dv64 = c->dq_lp = c->dk_lp = c->dv_lp = NULL;
+    if (c->flags & GOLDEN_FLAG_BACKWARD) {
+        c->dout = take(r, (size_t)no * sdpa_dtype_size(c->out_dt));
+        c->dq64 = take(r, (size_t)nq * 8);
+        c->dk64 = take(r, (size_t)nk * 8);
+        c->dv64 = take(r, (size_t)nv * 8);
+        c->dq_lp = take(r, (size_t)nq * sdpa_dtype_size(c->q_dt));
+        c->dk_lp = take(r, (size_t)nk * sdpa_dtype_size(c->k_dt));
+        c->dv_lp = take(r, (size_t)nv * sdpa_dtype_size(c->v_dt));
+    }
     const unsigned char *end = take(r, 4);
     if (r->bad)
         return load_fail(path, "truncated arrays", c->name);
@@ -275,6 +299,23 @@ static void rule_factors(sdpa_dtype dt, double *k, double *nmse_gate) {
     *nmse_gate = dt == SDPA_F32 ? 1e-10 : (dt == SDPA_F16 ? 1e-6 : 5e-5);
 }
 
+/* testing.md's k for dQ, dK and dV; the NMSE gate (that of O) applies to dV only. */
+static double grad_k(sdpa_dtype dt) {
+    return dt == SDPA_F32 ? 8.0 : 3.0;
+}
+
+/* A contiguous array of n stored float64 values. */
+static double *f64_array(const unsigned char *src, int64_t n) {
+    double *x = malloc((size_t)n * sizeof *x);
+    if (x == NULL) {
+        fprintf(stderr, "test_golden: out of memory\n");
+        exit(2);
+    }
+    for (int64_t i = 0; i < n; i++)
+        x[i] = f64_at(src, i);
+    return x;
+}
+
 /* max over i of |x_i - g_i| / (tol |g_i| + floor): <= 1 passes. -inf must meet -inf. */
 static double rel_ratio(const double *x, const unsigned char *golden64, int64_t n) {
     double worst = 0.0;
@@ -290,6 +331,129 @@ static double rel_ratio(const double *x, const unsigned char *golden64, int64_t 
             worst = r;
     }
     return worst;
+}
+
+/* Rows of n x width doubles whose golden row is all exact zeros (structural: a fully masked
+ * row's dq, or the dk, dv of a key no row sees, as `zero_rows` says) must be exact zeros in
+ * `ours` too. @return the number of such rows that are not. */
+static int64_t nonzero_rows(const double *ours, const unsigned char *zero_rows, int64_t n,
+                            int64_t width) {
+    int64_t bad = 0;
+    for (int64_t row = 0; row < n; row++) {
+        if (!zero_rows[row])
+            continue;
+        for (int64_t x = 0; x < width; x++)
+            if (ours[row * width + x] != 0.0) {
+                bad++;
+                break;
+            }
+    }
+    return bad;
+}
+
+/* (d): sdpa_forward, then sdpa_backward on its out and LSE, on ctx; `label` names the
+ * context in the log. With check_forward, the forward output passes (a)'s rule too. */
+static void check_backward(const golden_case *c, sdpa_ctx *ctx, const char *label,
+                           const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                           const sdpa_params *pr, int check_forward) {
+    const int64_t nq = c->B * c->Hq * c->Lq * c->Dk, nk = c->B * c->Hkv * c->Lk * c->Dk;
+    const int64_t nv = c->B * c->Hkv * c->Lk * c->Dv, n_out = c->B * c->Hq * c->Lq * c->Dv;
+    const int64_t n_rows = c->B * c->Hq * c->Lq, n_keys = c->B * c->Hkv * c->Lk;
+    tu_tensor out = tu_alloc(c->out_dt, c->B, c->Hq, c->Lq, c->Dv, TU_BHLD, 0, 0);
+    tu_tensor lse = tu_alloc(SDPA_F32, c->B, c->Hq, c->Lq, 1, TU_BHLD, 0, 0);
+    tu_tensor dout = tensor_from(c->out_dt, c->B, c->Hq, c->Lq, c->Dv, c->dout);
+    tu_tensor dq = tu_alloc(c->q_dt, c->B, c->Hq, c->Lq, c->Dk, TU_BHLD, 0, 0);
+    tu_tensor dk = tu_alloc(c->k_dt, c->B, c->Hkv, c->Lk, c->Dk, TU_BHLD, 0, 0);
+    tu_tensor dv = tu_alloc(c->v_dt, c->B, c->Hkv, c->Lk, c->Dv, TU_BHLD, 0, 0);
+    tu_tensor dq_lp = tensor_from(c->q_dt, c->B, c->Hq, c->Lq, c->Dk, c->dq_lp);
+    tu_tensor dk_lp = tensor_from(c->k_dt, c->B, c->Hkv, c->Lk, c->Dk, c->dk_lp);
+    tu_tensor dv_lp = tensor_from(c->v_dt, c->B, c->Hkv, c->Lk, c->Dv, c->dv_lp);
+    tu_fill_canary(&dq); /* an element it does not write cannot pass as a zero */
+    tu_fill_canary(&dk);
+    tu_fill_canary(&dv);
+
+    char what[128];
+    sdpa_status st = sdpa_forward(ctx, q, k, v, pr, &out.t, &lse.t);
+    CHECK_MSG(st == SDPA_OK, "%s: sdpa_forward (%s): %s: %s", c->name, label, sdpa_status_name(st),
+              sdpa_ctx_last_error(ctx));
+    if (st == SDPA_OK && check_forward) {
+        double kf, gate;
+        rule_factors(c->out_dt, &kf, &gate);
+        double *ours = tu_to_doubles(&out.t), *golden_out = f64_array(c->out64, n_out);
+        tu_tensor lp = tensor_from(c->out_dt, c->B, c->Hq, c->Lq, c->Dv, c->out_lp);
+        double *theirs = tu_to_doubles(&lp.t);
+        snprintf(what, sizeof what, "sdpa_forward (%s) out %s", label, sdpa_dtype_name(c->out_dt));
+        CHECK_MSG(tu_rule(what, ours, theirs, golden_out, (size_t)n_out, c->out_dt, kf, gate),
+                  "%s: sdpa_forward (%s) fails the rule", c->name, label);
+        free(ours);
+        free(golden_out);
+        free(theirs);
+        tu_free(&lp);
+    }
+    if (st == SDPA_OK) {
+        st = sdpa_backward(ctx, q, k, v, &out.t, &lse.t, &dout.t, pr, &dq.t, &dk.t, &dv.t);
+        CHECK_MSG(st == SDPA_OK, "%s: sdpa_backward (%s): %s: %s", c->name, label,
+                  sdpa_status_name(st), sdpa_ctx_last_error(ctx));
+    }
+    if (st == SDPA_OK) {
+        struct {
+            const char *name;
+            tu_tensor *ours, *lp;
+            const unsigned char *golden;
+            int64_t n;
+            double gate;
+        } g[3] = {{"dq", &dq, &dq_lp, c->dq64, nq, 0.0},
+                  {"dk", &dk, &dk_lp, c->dk64, nk, 0.0},
+                  {"dv", &dv, &dv_lp, c->dv64, nv, 0.0}};
+        double unused_k;
+        rule_factors(c->v_dt, &unused_k, &g[2].gate); /* dV: the NMSE gate of O */
+        double *ours[3], *golden_g[3];
+        for (int n = 0; n < 3; n++) {
+            const sdpa_dtype dt = g[n].ours->t.dtype;
+            ours[n] = tu_to_doubles(&g[n].ours->t);
+            golden_g[n] = f64_array(g[n].golden, g[n].n);
+            double *theirs = tu_to_doubles(&g[n].lp->t);
+            snprintf(what, sizeof what, "sdpa_backward (%s) %s %s", label, g[n].name,
+                     sdpa_dtype_name(dt));
+            CHECK_MSG(tu_rule(what, ours[n], theirs, golden_g[n], (size_t)g[n].n, dt, grad_k(dt),
+                              g[n].gate),
+                      "%s: %s (%s) fails the gradient rule (k=%g%s)", c->name, g[n].name, label,
+                      grad_k(dt), n == 2 ? ", NMSE gated" : "");
+            free(theirs);
+        }
+        /* Structural zeros: a fully masked row's dq (its LSE is -inf); the dk and dv of a key
+         * whose golden dv row is 0, i.e. that no row sees (dv_j = sum_i p_ij dout_i). */
+        unsigned char *empty_row = calloc((size_t)n_rows, 1), *unseen = calloc((size_t)n_keys, 1);
+        int64_t n_empty = 0, n_unseen = 0;
+        for (int64_t row = 0; row < n_rows; row++)
+            n_empty += empty_row[row] = f64_at(c->lse64, row) == -INFINITY;
+        for (int64_t key = 0; key < n_keys; key++) {
+            unseen[key] = 1;
+            for (int64_t x = 0; x < c->Dv; x++)
+                unseen[key] &= golden_g[2][key * c->Dv + x] == 0.0;
+            n_unseen += unseen[key];
+        }
+        const int64_t bad_q = nonzero_rows(ours[0], empty_row, n_rows, c->Dk);
+        const int64_t bad_k = nonzero_rows(ours[1], unseen, n_keys, c->Dk);
+        const int64_t bad_v = nonzero_rows(ours[2], unseen, n_keys, c->Dv);
+        printf("    %-44s fully masked rows %lld, keys no row sees %lld: nonzero %lld/%lld/%lld\n",
+               "  structural zeros of dq / dk / dv", (long long)n_empty, (long long)n_unseen,
+               (long long)bad_q, (long long)bad_k, (long long)bad_v);
+        CHECK_MSG(bad_q == 0, "%s (%s): %lld fully masked rows with dq != 0", c->name, label,
+                  (long long)bad_q);
+        CHECK_MSG(bad_k == 0 && bad_v == 0,
+                  "%s (%s): keys no row sees with dk != 0 (%lld) or dv != 0 (%lld)", c->name, label,
+                  (long long)bad_k, (long long)bad_v);
+        for (int n = 0; n < 3; n++) {
+            free(ours[n]);
+            free(golden_g[n]);
+        }
+        free(empty_row);
+        free(unseen);
+    }
+    tu_tensor *owned[] = {&out, &lse, &dout, &dq, &dk, &dv, &dq_lp, &dk_lp, &dv_lp};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
+        tu_free(owned[i]);
 }
 
 static void run_fixture(const golden_case *c) {
@@ -391,6 +555,27 @@ static void run_fixture(const golden_case *c) {
     }
     CHECK_MSG(memcmp(lse2.buf, lse.buf, lse.bytes) == 0,
               "%s: the reference's LSE depends on the output dtype", c->name);
+
+    /* (d) the backward against PyTorch autograd: as the library dispatches, then capped at
+     * each registered fast implementation's level */
+    CHECK_MSG(c->flags & GOLDEN_FLAG_BACKWARD, "%s: the fixture has no backward arrays", c->name);
+    if (c->flags & GOLDEN_FLAG_BACKWARD) {
+        char label[64];
+        snprintf(label, sizeof label, "auto");
+        check_backward(c, ctx, label, &q.t, &k.t, &v.t, &pr, 0);
+        tu_impl impls[TU_MAX_IMPLS];
+        const int n_impls = tu_impls(impls);
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs) {
+                printf("    %-44s skipped: the CPU lacks %s\n", impls[n].name, impls[n].missing);
+                continue;
+            }
+            sdpa_ctx *capped = tu_ctx(1, impls[n].level);
+            snprintf(label, sizeof label, "max_isa %s", sdpa_isa_name(impls[n].level));
+            check_backward(c, capped, label, &q.t, &k.t, &v.t, &pr, 1);
+            sdpa_ctx_destroy(capped);
+        }
+    }
 
     free(golden_out);
     free(ours);

@@ -10,6 +10,8 @@ Re-run it from the repository root (after `make`, which builds build/cli/sdpa):
                                                                    # machine with AVX-512
     python3 bench/peers/run_peers.py --python /path/to/python     # an interpreter that already
                                                                    # has torch 2.x and numpy
+    python3 bench/peers/run_peers.py --threads 2 --backward       # the backward: sdpa against
+                                                                   # torch autograd
 
 The peers run in virtual environments under bench/peers/ (git ignores them), created and filled
 with pip on first use; later runs reuse them, and deleting one rebuilds it:
@@ -80,9 +82,26 @@ shape (its position in the list), so both workers build the same arrays (the CRC
 shape's inputs are compared, and the table says where they differ). Grouped-query shapes (Hq > Hkv) use enable_gqa where torch has it (2.5+);
 otherwise, and for numpy, K and V are expanded to Hq heads before the clock starts.
 
+--backward times the backward instead (issue 11): `sdpa bench --backward --json` (each
+repetition a timed sdpa_forward, with the LSE, then the timed sdpa_backward of its result; FLOP
+counted as 2.5 x the forward's; the JSON's bwd_over_fwd is the ratio of the two medians), and
+in the torch worker, at the same shapes and threads, autograd through
+F.scaled_dot_product_attention, asked as for the forward (is_causal, the bottom-right bool
+mask, enable_gqa, so dK and dV are summed over each group): q, k and v require grad, each
+repetition runs a timed forward (outside inference_mode, so it saves what the backward needs,
+as a training step does) and then the timed torch.autograd.grad(out, (q, k, v), dout), dout
+uniform in [-1, 1) from the shape's seed; the warm-up calls and the time budget work as
+sdpa's (--min-time counts the backward calls). The table shows per shape the backward's ms
+and GFLOP/s of both (sdpa's FLOP count for both), sdpa/torch, and each one's bwd/fwd (median
+backward over median forward of the same run). numpy and ggml are not run with --backward
+and the table says so: the seeds' numpy code is forward only, and ggml's backward op
+(ggml_flash_attn_back) is the old one, not the ggml_flash_attn_ext this script times; no ggml
+environment is built for it. The JSON then holds torch's ms_forward_median and bwd_over_fwd.
+
 The JSON of --json holds sdpa's JSON, the peers' figures per shape (torch, numpy, ggml,
 ggml_f16: reps, median/min/max ms, GFLOP/s, K/V GB/s, and for ggml max_rel_err, or
-skipped/failed with the reason), the ISA each system reported, the thread count and --isa.
+skipped/failed with the reason), the ISA each system reported, the thread count, --isa and
+--backward.
 """
 
 import argparse
@@ -170,6 +189,35 @@ def inputs(np, s, index):
     return q, k, v, crc
 
 
+def dout_for(np, s, index):
+    """dL/dout for --backward: (B, Hq, Lq, D) f32 uniform in [-1, 1), from its own stream of
+    the shape's seed (q, k and v are those of inputs())."""
+    rng = np.random.default_rng([index, 1])
+    return rng.uniform(-1, 1, (s["B"], s["Hq"], s["Lq"], s["D"])).astype(np.float32)
+
+
+def time_fwd_bwd(fwd, bwd, warmup, reps, min_time):
+    """For --backward, as sdpa bench --backward does: warmup untimed (forward, backward)
+    pairs, then repetitions of a timed forward followed by the timed backward of its result,
+    until reps or the backward calls have used min_time seconds (at least one). Returns the
+    lists of the forward's and of the backward's seconds."""
+    for _ in range(warmup):
+        bwd(fwd())
+    t_fwd, t_bwd, spent = [], [], 0.0
+    while len(t_bwd) < reps:
+        t0 = time.perf_counter()
+        out = fwd()
+        t1 = time.perf_counter()
+        bwd(out)
+        t2 = time.perf_counter()
+        t_fwd.append(t1 - t0)
+        t_bwd.append(t2 - t1)
+        spent += t2 - t1
+        if spent >= min_time:
+            break
+    return t_fwd, t_bwd
+
+
 def numpy_isa(np):
     """numpy's highest enabled SIMD dispatch target, and the OpenBLAS core its matmul runs
     (through threadpoolctl, when installed)."""
@@ -226,17 +274,39 @@ def run_torch_numpy(job, results):
             kw["is_causal"] = True
         elif s["causal"]:
             kw["attn_mask"] = torch.from_numpy(vis)
-        with torch.inference_mode():
-            times = time_calls(lambda: F.scaled_dot_product_attention(tq, tk, tv, **kw),
-                               job["warmup"], job["reps"], job["min_time"])
-        row["torch"] = summary(times, s["flops"])
+        if job.get("backward"):
+            # Autograd: a forward with requires_grad inputs (it saves what the backward needs),
+            # then torch.autograd.grad(out, (q, k, v), dout), which is timed; each repetition
+            # runs both, the forward timed apart. s["flops"] is sdpa's: 2.5 x the forward's.
+            for x in (tq, tk, tv):
+                x.requires_grad_(True)
+            tdo = torch.from_numpy(dout_for(np, s, index))
+            leaves = (tq, tk, tv)  # with "expanded" GQA, the expanded K and V
+
+            def fwd():
+                return F.scaled_dot_product_attention(tq, tk, tv, **kw)
+
+            def bwd(out):
+                return torch.autograd.grad(out, leaves, tdo)
+
+            t_fwd, t_bwd = time_fwd_bwd(fwd, bwd, job["warmup"], job["reps"], job["min_time"])
+            row["torch"] = summary(t_bwd, s["flops"])
+            row["torch"]["ms_forward_median"] = statistics.median(t_fwd) * 1e3
+            row["torch"]["bwd_over_fwd"] = statistics.median(t_bwd) / statistics.median(t_fwd)
+        else:
+            with torch.inference_mode():
+                times = time_calls(lambda: F.scaled_dot_product_attention(tq, tk, tv, **kw),
+                                   job["warmup"], job["reps"], job["min_time"])
+            row["torch"] = summary(times, s["flops"])
         row["torch"]["gqa"] = "enable_gqa" if "enable_gqa" in kw else (
             "expanded" if g > 1 else "none")
 
         # The seeds' numpy code, batched over (B, H) by broadcasting. Three Lq x Lk arrays are
         # alive at its peak: the scores, exp(x - max) and the weights.
         need = 3 * s["B"] * s["Hq"] * s["Lq"] * s["Lk"] * 4
-        if need > job["numpy_max_bytes"]:
+        if job.get("backward"):
+            row["numpy"] = {"skipped": "forward only (the seeds' code has no backward)"}
+        elif need > job["numpy_max_bytes"]:
             row["numpy"] = {"skipped": "needs %.1f GB for its Lq x Lk arrays (limit %.1f GB)"
                             % (need / 1e9, job["numpy_max_bytes"] / 1e9)}
         else:
@@ -295,6 +365,8 @@ def worker(job_path, out_path):
     if sys.stderr.isatty():
         sys.stderr.write("\r\033[K")
     for row, s in zip(results["shapes"], job["shapes"]):
+        if job.get("backward"):
+            break  # K/V GB/s is a decode figure, not the backward's
         for peer, kv_bytes in (("torch", s["kv_bytes"]), ("numpy", s["kv_bytes"]),
                                ("ggml", s["kv_bytes"]), ("ggml_f16", s["kv_bytes"] / 2)):
             if "ms_median" in row.get(peer, {}):
@@ -461,6 +533,53 @@ def print_table(args, sdpa, peers, peak):
         print("WARNING: --isa avx2, but %s." % w)
 
 
+def print_backward_table(args, sdpa, peers, peak):
+    """--backward: sdpa_backward and torch autograd through F.scaled_dot_product_attention."""
+    print()
+    print("backward: sdpa %s vs torch %s autograd: %d thread%s, %s, %s" % (
+        sdpa["sdpa_version"], peers["torch_version"], sdpa["threads"],
+        "" if sdpa["threads"] == 1 else "s", sdpa["cpu_model"], sdpa["date"]))
+    line, warn = isa_line(args, sdpa, peers)
+    print(line)
+    kern = [ln.split(":", 1)[1].strip() for ln in sdpa.get("describe", "").splitlines()
+            if ln.startswith("backward:")]
+    if kern:
+        print("sdpa_backward runs on: %s" % kern[0])
+    print("FP32 FMA peak measured by sdpa bench: %.1f GFLOP/s (start %.1f, end %.1f, %s loop)" % (
+        peak, sdpa["peak"]["start"]["fma_gflops"], sdpa["peak"]["end"]["fma_gflops"],
+        sdpa["peak"]["start"]["isa"]))
+    print()
+    row_fmt = "%-28s %9s %9s %9s %9s %10s %9s %9s %9s %9s"
+    print(row_fmt % ("shape (B,H,Lq,Lk,D[,mask])", "sdpa bwd", "torch bwd", "sdpa bwd",
+                     "torch bwd", "sdpa/torch", "sdpa", "torch", "sdpa %pk", "torch %pk"))
+    print(row_fmt % ("", "ms", "ms", "GFLOP/s", "GFLOP/s", "(bwd)", "bwd/fwd", "bwd/fwd", "(bwd)",
+                     "(bwd)"))
+    notes = []
+    pct = (lambda x: None if x is None or not peak else 100.0 * x / peak)
+    for s, p in zip(sdpa["shapes"], peers["shapes"]):
+        a, t = s["gflops"], p["torch"].get("gflops")
+        print(row_fmt % (
+            s["spec"], fmt(s["ms_median"], "%.3f"), fmt(p["torch"].get("ms_median"), "%.3f"),
+            fmt(a), fmt(t), fmt(a / t if t else None, "%.3gx"),
+            fmt(s.get("bwd_over_fwd"), "%.2f"), fmt(p["torch"].get("bwd_over_fwd"), "%.2f"),
+            fmt(pct(a), "%.1f%%"), fmt(pct(t), "%.1f%%")))
+        if p["torch"].get("gqa") == "expanded":
+            notes.append("torch at %s: no enable_gqa in this torch, K and V expanded to Hq "
+                         "heads before timing (their gradients are not summed over the group)"
+                         % s["spec"])
+    print()
+    for line in notes:
+        print(line)
+    print("numpy and ggml: not timed for the backward (the seeds' numpy code is forward only; "
+          "ggml_flash_attn_ext has no backward, and ggml_flash_attn_back is the old op).")
+    print("GFLOP/s = 2.5 * 4*B*Hq*D*(visible pairs) / median backward time, the same count for "
+          "both; bwd/fwd = median backward / median forward, each repetition a timed forward "
+          "then the timed backward of its result (torch: the forward with requires_grad "
+          "inputs, the backward torch.autograd.grad(out, (q, k, v), dout)).")
+    for w in warn:
+        print("WARNING: --isa avx2, but %s." % w)
+
+
 def run_worker(py, what, job, res, env):
     print("$ %s %s --worker  (%s)" % (py, os.path.relpath(__file__), what), flush=True)
     return subprocess.call([py, os.path.abspath(__file__), "--worker", job, res], env=env)
@@ -488,6 +607,10 @@ def main():
                                           "bench/peers/.venv (--isa native) or .venv-avx2, "
                                           "created on first use")
     ap.add_argument("--no-ggml", action="store_true", help="leave ggml out")
+    ap.add_argument("--backward", action="store_true",
+                    help="time the backward instead: sdpa bench --backward against torch "
+                         "autograd through F.scaled_dot_product_attention (numpy and ggml "
+                         "are not run)")
     ap.add_argument("--torch-index-url", default=TORCH_CPU_INDEX,
                     help="pip index for torch when filling the venv (default: the CPU wheels; "
                          "'' for PyPI)")
@@ -512,7 +635,7 @@ def main():
     # The interpreters first: filling a venv takes minutes, and should not sit between sdpa's
     # figures and the peers'.
     py = peers_python(args)
-    gpy = None if args.no_ggml else ggml_python(args)
+    gpy = None if args.no_ggml or args.backward else ggml_python(args)
     sdpa_env, peer_env = isa_envs(args, py)
     sdpa_env = dict(os.environ, **sdpa_env)
 
@@ -523,6 +646,8 @@ def main():
                "--reps", str(args.reps), "--warmup", str(args.warmup),
                "--min-time", str(args.min_time)]
         cmd += [a for s in args.shape for a in ("--shape", s)] or ["--preset", args.preset]
+        if args.backward:
+            cmd.append("--backward")
         print("$ %s%s" % ("SDPA_MAX_ISA=avx2 " if args.isa == "avx2" else "", " ".join(cmd)),
               flush=True)
         if subprocess.call(cmd, env=sdpa_env) != 0:
@@ -532,7 +657,7 @@ def main():
         # 2. torch and numpy, in their own interpreter, with the BLAS held to the same threads.
         job = {"threads": args.threads, "reps": args.reps, "warmup": args.warmup,
                "min_time": args.min_time, "numpy_max_bytes": args.numpy_max_gb * 1e9,
-               "isa": args.isa, "shapes": sdpa["shapes"]}
+               "isa": args.isa, "backward": args.backward, "shapes": sdpa["shapes"]}
         env = dict(os.environ)
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             env[var] = str(args.threads)
@@ -572,7 +697,7 @@ def main():
     peaks = [sdpa["peak"]["start"]["fma_gflops"] or 0, sdpa["peak"]["end"]["fma_gflops"] or 0,
              peers["peak_after"]["fma_gflops"] or 0]
     peak = max(peaks[:2])
-    print_table(args, sdpa, peers, peak)
+    (print_backward_table if args.backward else print_table)(args, sdpa, peers, peak)
     print("FMA peak after the peers: %.1f GFLOP/s." % peaks[2])
     if min(peaks) < 0.85 * max(peaks):
         print("WARNING: the FMA peaks of this run (%s GFLOP/s) differ by more than 15 %%: the "
@@ -580,8 +705,8 @@ def main():
               % ", ".join("%.0f" % x for x in peaks))
     if args.json:
         with open(args.json + ".tmp", "w") as f:
-            json.dump({"sdpa": sdpa, "peers": peers, "threads": args.threads, "isa": args.isa},
-                      f, indent=1)
+            json.dump({"sdpa": sdpa, "peers": peers, "threads": args.threads, "isa": args.isa,
+                       "backward": args.backward}, f, indent=1)
         os.replace(args.json + ".tmp", args.json)
     return 0
 

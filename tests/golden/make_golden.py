@@ -4,7 +4,9 @@
 Every case holds its parameters, its inputs exactly as stored (f32, or the raw 16-bit patterns
 of f16/bf16), its mask, and three results: out64 and lse64, computed by PyTorch in float64
 from the exactly widened inputs (the golden), and out_lp, PyTorch's own result in the storage
-dtype (the same-precision baseline of testing.md). The format is described in README.md next
+dtype (the same-precision baseline of testing.md). For the backward it holds a dout and the
+gradients of sum(dout * out) by PyTorch autograd: dq64, dk64, dv64 in float64 (the golden) and
+dq_lp, dk_lp, dv_lp in the storage dtype (the baseline). The format is described in README.md next
 to this file; tests/test_golden.c reads it. The output is deterministic: fixed seeds, numpy's
 PCG64 for the inputs.
 
@@ -23,8 +25,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = os.path.join(HERE, "golden.bin")
 
 MAGIC = b"SDPAGOLD"
-VERSION = 1
+VERSION = 2  # 2: the backward arrays (dout, dq64, dk64, dv64, dq_lp, dk_lp, dv_lp)
 END_MARK = b"END."
+FLAG_BACKWARD = 1  # the case's flags: bit 0, the backward arrays follow out_lp
 
 # sdpa_dtype codes of include/sdpa.h.
 F32, F16, BF16, BOOL = 0, 1, 2, 3
@@ -32,7 +35,7 @@ NO_MASK = -1
 
 # The fixed part of a case record: name, 7 extents, 4 dtypes, scale, causal, align,
 # use_window, window_left, window_right, softcap, alibi, mask dtype, mask shape, empty rows,
-# reserved. Little-endian, no padding.
+# flags (FLAG_BACKWARD). Little-endian, no padding.
 CASE_HEADER = struct.Struct("<64s7q4if3i2qfii4qii")
 
 
@@ -276,35 +279,34 @@ def generate(out_path):
         gqa = Hq != Hkv
         empty = ~vis.any(dim=-1)  # (B, Hq, Lq): fully masked rows
         simple = c["window"] is None and not c["alibi"] and m is None
+        has_bias = c["alibi"] or (m is not None and m["kind"] == "add")
+        sc = scale32 if scale32 != 0.0 else None
+        scale_lp = scale32 or 1.0 / np.sqrt(Dk)
+
+        def sdpa(qq, kk, vv, mdtype, bias_, vis_):
+            """PyTorch's SDPA with the case's causal/window/ALiBi/mask expressed through what it
+            has (see README.md); bias_ and vis_ broadcast to (B, Hq, Lq, Lk)."""
+            if simple and c["causal"] and c["align"] == "tl":
+                return F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=sc,
+                                                      enable_gqa=gqa)
+            if simple and not c["causal"]:
+                return F.scaled_dot_product_attention(qq, kk, vv, scale=sc, enable_gqa=gqa)
+            am = bias_.masked_fill(~vis_, float("-inf")).to(mdtype) if has_bias else vis_
+            return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=am, scale=sc,
+                                                  enable_gqa=gqa)
+
         out_m64, lse64 = math_attention(q64, k64, v64, scale64, c["softcap"], bias, vis)
         if c["softcap"] > 0:
             out64 = out_m64
-            out_lp, _ = math_attention(q, k, v, scale32 or 1.0 / np.sqrt(Dk), c["softcap"],
-                                       bias.to(tdt[dt]), vis)
+            out_lp, _ = math_attention(q, k, v, scale_lp, c["softcap"], bias.to(tdt[dt]), vis)
         else:
-            sc = scale32 if scale32 != 0.0 else None
-
-            def sdpa(qq, kk, vv, mdtype):
-                if simple and c["causal"] and c["align"] == "tl":
-                    return F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=sc,
-                                                          enable_gqa=gqa)
-                if simple and not c["causal"]:
-                    return F.scaled_dot_product_attention(qq, kk, vv, scale=sc, enable_gqa=gqa)
-                has_bias = c["alibi"] or (m is not None and m["kind"] == "add")
-                if has_bias:
-                    am = bias.masked_fill(~vis, float("-inf")).to(mdtype)
-                else:
-                    am = vis
-                return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=am, scale=sc,
-                                                      enable_gqa=gqa)
-
-            out64 = sdpa(q64, k64, v64, torch.float64)
-            out_lp = sdpa(q, k, v, tdt[dt])
+            out64 = sdpa(q64, k64, v64, torch.float64, bias, vis)
+            out_lp = sdpa(q, k, v, tdt[dt], bias, vis)
             live = ~empty
             diff = (out64 - out_m64)[live].abs().max().item()
             assert diff < 1e-12, f"{c['name']}: torch SDPA and math disagree by {diff}"
 
-        # fully masked rows: PyTorch gives NaN, the contract says O = 0 and LSE = -inf
+        # fully masked rows: PyTorch may give NaN, the contract says O = 0 and LSE = -inf
         n_empty = int(empty.sum())
         assert (n_empty > 0) == ("empty" in c["name"]), f"{c['name']}: {n_empty} empty rows"
         out64 = out64.masked_fill(empty.unsqueeze(-1), 0.0)
@@ -313,6 +315,48 @@ def generate(out_path):
         assert torch.isfinite(out64).all() and torch.isfinite(out_lp).all(), c["name"]
         assert (torch.isfinite(lse64) | empty).all(), c["name"]
 
+        # ---- the backward: dL/dq, dL/dk, dL/dv of L = sum(dout * out) by autograd
+        # dout is drawn last, so the inputs above are those of the forward-only fixtures.
+        dout = randn(B, Hq, Lq, Dv)
+        # Fully masked rows: the contract says dq = 0 there and nothing to dk, dv, whatever
+        # dout holds. PyTorch's softmax of an all -inf row is NaN (written-out math) or 0 (its
+        # SDPA), and NaN would reach every gradient through the chain rule. So such rows are
+        # given every key back, with no bias, and a zero dout: with finite weights and dO = 0
+        # their dS = P (dP - Delta) is exactly 0, so they add exactly 0 to dk and dv and their
+        # dq is exactly 0; the other rows are untouched. The stored dout keeps its random
+        # values there (sdpa must ignore them).
+        vis_b = vis | empty.unsqueeze(-1)
+        bias_b = bias.expand(B, Hq, Lq, Lk).masked_fill(empty.unsqueeze(-1), 0.0)
+        dout_b = dout.masked_fill(empty.unsqueeze(-1), 0.0)
+
+        def grads(qq, kk, vv, dO, how):
+            """(dq, dk, dv) by torch.autograd.grad in the dtype of qq: how = 'sdpa' or 'math'.
+            With GQA, autograd sums dk and dv over each group's query heads."""
+            qq, kk, vv = (x.detach().clone().requires_grad_(True) for x in (qq, kk, vv))
+            if how == "sdpa":
+                o = sdpa(qq, kk, vv, qq.dtype, bias_b, vis_b)
+            else:
+                s_ = scale64 if qq.dtype == torch.float64 else scale_lp
+                o, _ = math_attention(qq, kk, vv, s_, c["softcap"], bias_b.to(qq.dtype), vis_b)
+            return torch.autograd.grad(o, (qq, kk, vv), dO.to(qq.dtype))
+
+        g_m64 = grads(q64, k64, v64, dout_b.double(), "math")
+        if c["softcap"] > 0:  # PyTorch's SDPA has no softcap: differentiate the written-out math
+            g64 = g_m64
+            g_lp = grads(q, k, v, dout_b, "math")
+        else:
+            g64 = grads(q64, k64, v64, dout_b.double(), "sdpa")
+            g_lp = grads(q, k, v, dout_b, "sdpa")
+            for a, b_ in zip(g64, g_m64):
+                diff = (a - b_).abs().max().item()
+                tol = 1e-12 * max(1.0, a.abs().max().item())
+                assert diff <= tol, f"{c['name']}: SDPA and math gradients disagree by {diff}"
+        dq64, dk64, dv64 = g64
+        dq_lp, dk_lp, dv_lp = g_lp
+        for g in (*g64, *g_lp):
+            assert torch.isfinite(g).all(), f"{c['name']}: non-finite gradient"
+        assert (dq64[empty] == 0).all() and (dq_lp[empty] == 0).all(), c["name"]
+
         align = 1 if c["align"] == "br" else 0
         wl, wr = c["window"] if c["window"] is not None else (0, 0)
         name = c["name"].encode()
@@ -320,19 +364,25 @@ def generate(out_path):
         rec = [CASE_HEADER.pack(name, B, Hq, Hkv, Lq, Lk, Dk, Dv, code[dt], code[dt], code[dt],
                                 code[dt], scale32, c["causal"], align,
                                 int(c["window"] is not None), wl, wr, c["softcap"],
-                                int(c["alibi"]), mask_dt, *mask_shape, n_empty, 0)]
+                                int(c["alibi"]), mask_dt, *mask_shape, n_empty, FLAG_BACKWARD)]
         rec += [to_bytes(q, dt), to_bytes(k, dt), to_bytes(v, dt)]
         if slopes32 is not None:
             rec.append(to_bytes(slopes32, "f32"))
         if mask_stored is not None:
             rec.append(to_bytes(mask_stored, "bool" if mask_dt == BOOL else m["dtype"]))
         rec += [to_bytes(out64, "f64"), to_bytes(lse64, "f64"), to_bytes(out_lp.to(tdt[dt]), dt)]
+        rec += [to_bytes(dout, dt), to_bytes(dq64, "f64"), to_bytes(dk64, "f64"),
+                to_bytes(dv64, "f64"), to_bytes(dq_lp, dt), to_bytes(dk_lp, dt),
+                to_bytes(dv_lp, dt)]
         rec.append(END_MARK)
         blob = b"".join(rec)
         records.append(blob)
         err_lp = (out_lp.double() - out64).abs().max().item()
+        err_g = "/".join(f"{(b_.double() - a).abs().max().item():.1e}"
+                         for a, b_ in zip(g64, g_lp))
         print(f"  {c['name']:<34} {dt:<4} B={B} Hq={Hq} Hkv={Hkv} Lq={Lq} Lk={Lk} Dk={Dk} "
-              f"Dv={Dv} empty_rows={n_empty} err(lp)={err_lp:.2e} {len(blob)} bytes")
+              f"Dv={Dv} empty_rows={n_empty} err(lp)={err_lp:.1e} dq/dk/dv {err_g} "
+              f"{len(blob)} bytes")
 
     data = MAGIC + struct.pack("<II", VERSION, len(records)) + b"".join(records)
     with open(out_path, "wb") as f:
