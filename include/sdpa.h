@@ -326,8 +326,8 @@ typedef struct sdpa_params {
  * same (seed, offset) draws the same mask in sdpa_forward and sdpa_backward, on every kernel
  * and thread count; a dropped key is still visible (it counts in the LSE, which dropout does
  * not change, and 0 * NaN in its V is NaN, as in PyTorch). sdpa_weights returns p_ij before
- * dropout. The tiled kernels do not draw masks yet: a forward with dropout runs on the
- * reference, exact but slow.
+ * dropout. The tiled forward does not draw masks yet: a forward with dropout runs on the
+ * reference, exact but slow (the tiled backward draws them itself).
  *
  * Shapes. mask: broadcastable to (B, Hq, Lq, Lk) — each extent equal or 1 (an extent of 1
  * is broadcast whatever its stride). Query head h reads key/value head h / (Hq / Hkv)
@@ -407,9 +407,11 @@ SDPA_API sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdp
  *
  * Strides, alignment and aliasing as for sdpa_forward: dq, dk and dv must not overlap each
  * other or any input. Every sum is accumulated in at least f32 and each gradient rounded
- * once. (This version computes the gradients on the reference, in double, from q, k and v:
- * exact, single-threaded and O(Lq x Lk x D) time with O(Lk x D) memory; out and lse are
- * checked but not read. A tiled kernel will read them as FlashAttention-2 does.)
+ * once. The tiled kernels read out and lse as FlashAttention-2 does (the weights are
+ * recomputed as exp(s - lse), and out enters through rowsum(dout * out)), so they must be
+ * what sdpa_forward wrote for these arguments: a row whose lse is -inf is taken as fully
+ * masked, one whose lse is NaN as a NaN row. Extra memory is O(B x Hq x Lq) plus a tile per
+ * thread, never Lq x Lk.
  *
  * @return as for sdpa_forward; on error dq, dk and dv are untouched.
  */

@@ -130,15 +130,16 @@ static void test_against_forward(void) {
     gradients_of("dropout 0.3", plain, pd);
 }
 
-/* Bitwise the same gradients for 1, 2 and 5 threads, on a repeated call, and at every ISA
- * cap the machine has. */
+/* Bitwise the same gradients for 1, 2 and 5 threads and on a repeated call, at every ISA
+ * cap the machine has (and with no cap): each cap against its own one-thread result, since
+ * the tables' products may differ from each other in the last bit. */
 static void test_deterministic(void) {
     const tu_dims d = {2, 4, 2, 9, 13, 8, 6};
     sdpa_params p = {0};
     p.causal = 1;
-    bw ref = bw_new(d, 5);
+    bw fwd = bw_new(d, 5);
     sdpa_ctx *c1 = tu_ctx(1, SDPA_ISA_AUTO);
-    CHECK(forward(c1, &ref, &p) == SDPA_OK && backward(c1, &ref, &p) == SDPA_OK);
+    CHECK(forward(c1, &fwd, &p) == SDPA_OK);
     sdpa_ctx_destroy(c1);
     const int threads[3] = {1, 2, 5};
     tu_impl impls[TU_MAX_IMPLS];
@@ -147,13 +148,19 @@ static void test_deterministic(void) {
         const sdpa_isa cap = n == n_impls ? SDPA_ISA_AUTO : impls[n].level;
         if (n < n_impls && !impls[n].runs)
             continue;
+        bw ref = bw_new(d, 5);
         for (int t = 0; t < 3; t++) {
             bw b = bw_new(d, 5);
             sdpa_ctx *ctx = tu_ctx(threads[t], cap);
-            tu_copy(&b.o.t, &ref.o.t); /* the forward's outputs as the first context wrote */
-            tu_copy(&b.lse.t, &ref.lse.t);
+            tu_copy(&b.o.t, &fwd.o.t); /* the forward's outputs as the first context wrote */
+            tu_copy(&b.lse.t, &fwd.lse.t);
             for (int rep = 0; rep < 2; rep++) {
                 CHECK(backward(ctx, &b, &p) == SDPA_OK);
+                if (t == 0 && rep == 0) {
+                    tu_copy(&ref.dq.t, &b.dq.t);
+                    tu_copy(&ref.dk.t, &b.dk.t);
+                    tu_copy(&ref.dv.t, &b.dv.t);
+                }
                 CHECK_MSG(memcmp(b.dq.buf, ref.dq.buf, ref.dq.bytes) == 0 &&
                               memcmp(b.dk.buf, ref.dk.buf, ref.dk.bytes) == 0 &&
                               memcmp(b.dv.buf, ref.dv.buf, ref.dv.bytes) == 0,
@@ -163,8 +170,9 @@ static void test_deterministic(void) {
             sdpa_ctx_destroy(ctx);
             bw_free(&b);
         }
+        bw_free(&ref);
     }
-    bw_free(&ref);
+    bw_free(&fwd);
 }
 
 /* Bad arguments: the status, a message naming the argument, and dq, dk, dv untouched. */

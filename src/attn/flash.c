@@ -26,6 +26,7 @@
 #include "../core/half.h"
 #include "../core/services.h"
 #include "../ref/ref.h"
+#include "tile.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -50,15 +51,6 @@ typedef struct flash_plan {
     char *scratch;
 } flash_plan;
 
-static int64_t round_up(int64_t x, int64_t m) {
-    return (x + m - 1) / m * m;
-}
-
-/* Where element (b, h, l, 0) of t lives. */
-static const void *row_at(const sdpa_tensor *t, int64_t b, int64_t h, int64_t l) {
-    return (const char *)t->data + sdpa__offset(t, b, h, l, 0) * (int64_t)sdpa_dtype_size(t->dtype);
-}
-
 /* The keys of a tile as f32 rows: in place when possible, else widened into `pack`. */
 static const float *tile_rows(const sdpa__ukernels *uk, const sdpa_tensor *t, int direct, int64_t b,
                               int64_t hk, int64_t j0, int64_t nk, int64_t d, float *pack,
@@ -68,22 +60,9 @@ static const float *tile_rows(const sdpa__ukernels *uk, const sdpa_tensor *t, in
         return (const float *)t->data + sdpa__offset(t, b, hk, j0, 0);
     }
     for (int64_t j = 0; j < nk; j++)
-        uk->load_row((int)t->dtype, d, row_at(t, b, hk, j0 + j), t->stride[3], pack + j * d);
+        uk->load_row((int)t->dtype, d, sdpa__row_at(t, b, hk, j0 + j), t->stride[3], pack + j * d);
     *ld = d;
     return pack;
-}
-
-/* Whether rows [0, nk) of V (f32, row stride ld) hold a NaN or an Inf. Asked only of slices
- * where the softmax hid a key, the only case where such a value could leak as 0 x NaN. */
-static int has_nonfinite(const float *v, int64_t nk, int64_t ld, int64_t d) {
-    uint32_t bad = 0;
-    for (int64_t j = 0; j < nk; j++)
-        for (int64_t c = 0; c < d; c++) {
-            uint32_t u;
-            memcpy(&u, &v[j * ld + c], sizeof u);
-            bad |= (u & 0x7f800000u) == 0x7f800000u;
-        }
-    return bad != 0;
 }
 
 /* Asks for the rows [j0, j0 + n) of t (batch b, head h) to be brought into the cache, when
@@ -97,7 +76,7 @@ static void prefetch_rows(const sdpa_tensor *t, int64_t b, int64_t h, int64_t j0
         return;
     const int64_t bytes = d * (int64_t)sdpa_dtype_size(t->dtype);
     for (int64_t j = 0; j < n; j++) {
-        const char *row = row_at(t, b, h, j0 + j);
+        const char *row = sdpa__row_at(t, b, h, j0 + j);
         for (int64_t c = 0; c < bytes; c += 64)
             __builtin_prefetch(row + c, 0, 3);
     }
@@ -178,28 +157,13 @@ static void post_process(const flash_plan *pl, int64_t b, const task_scratch *tr
     }
     if (!pl->needs_post)
         return;
-    const float cap = (float)p->softcap;
     for (int64_t jj = 0; jj < nk; jj++) {
         const int64_t j = ja + jj;
         float *s_j = s + jj * pl->rp;
         for (int64_t r = r0; r < r1; r++) {
             if (j < tr->lo[r] || j > tr->hi[r])
                 continue; /* hidden by the window: stays -inf */
-            const int64_t h = tr->h[r], i = tr->i[r];
-            float x = s_j[r];
-            if (cap > 0.0f)
-                x = cap * tanhf(x / cap);
-            if (p->alibi != NULL)
-                x -= p->alibi[h] * fabsf((float)(j - (i + p->off)));
-            if (p->has_mask) {
-                const float mv =
-                    sdpa__load(p->mask.data, p->mask.dtype, sdpa__offset(&p->mask, b, h, i, j));
-                if (p->mask.dtype == SDPA_BOOL)
-                    x = mv == 0.0f ? -INFINITY : x;
-                else
-                    x = mv == -INFINITY ? -INFINITY : x + mv;
-            }
-            s_j[r] = x;
+            s_j[r] = sdpa__tile_score(p, b, tr->h[r], tr->i[r], j, s_j[r], NULL);
         }
     }
 }
@@ -217,7 +181,7 @@ static void flash_task(void *arg, int64_t task, int worker) {
     const int64_t b = bh / p->Hkv, hk = bh % p->Hkv;
     const int64_t qb = p->window_right >= 0 ? pl->n_qb - 1 - rank : rank;
     const int64_t i0 = qb * pl->bq, nq = i0 + pl->bq <= p->Lq ? pl->bq : p->Lq - i0;
-    const int64_t rows = p->group * nq, rpad = round_up(rows, uk->lanes), rp = pl->rp;
+    const int64_t rows = p->group * nq, rpad = sdpa__round_up(rows, uk->lanes), rp = pl->rp;
 
     task_scratch tr;
     layout(pl, pl->scratch + (size_t)worker * pl->per_worker, &tr);
@@ -234,11 +198,11 @@ static void flash_task(void *arg, int64_t task, int worker) {
     }
     for (int64_t r = 0; r < rows; r++) {
         if (pl->q_direct) {
-            tr.q_row[r] = row_at(&p->q, b, tr.h[r], tr.i[r]);
+            tr.q_row[r] = sdpa__row_at(&p->q, b, tr.h[r], tr.i[r]);
         } else {
             float *row = tr.qrows + r * p->Dk;
-            uk->load_row((int)p->q.dtype, p->Dk, row_at(&p->q, b, tr.h[r], tr.i[r]), p->q.stride[3],
-                         row);
+            uk->load_row((int)p->q.dtype, p->Dk, sdpa__row_at(&p->q, b, tr.h[r], tr.i[r]),
+                         p->q.stride[3], row);
             tr.q_row[r] = row;
         }
     }
@@ -265,7 +229,7 @@ static void flash_task(void *arg, int64_t task, int worker) {
             first -= i0;
             last -= i0;
             const int64_t r0 = first * p->group / uk->lanes * uk->lanes;
-            const int64_t r1 = last * p->group, r1pad = round_up(r1, uk->lanes);
+            const int64_t r1 = last * p->group, r1pad = sdpa__round_up(r1, uk->lanes);
             const int64_t r1use = r1pad < rows ? r1pad : rows;
             float *s0 = s + r0;
             int64_t ldk, ldv;
@@ -286,7 +250,7 @@ static void flash_task(void *arg, int64_t task, int worker) {
             const float *vt =
                 tile_rows(uk, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
             float *o0 = o + r0 * pl->dvp;
-            if (hidden && has_nonfinite(vt, nk, ldv, p->Dv))
+            if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv))
                 uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             else
                 uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
@@ -304,8 +268,8 @@ static void flash_task(void *arg, int64_t task, int worker) {
             inf |= isinf(o[r * pl->dvp + c]);
         if (inf)
             atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
-        uk->store_row((int)out->dtype, p->Dv, o + r * pl->dvp, inv, (void *)row_at(out, b, h, i),
-                      out->stride[3]);
+        uk->store_row((int)out->dtype, p->Dv, o + r * pl->dvp, inv,
+                      (void *)sdpa__row_at(out, b, h, i), out->stride[3]);
         if (pl->lse != NULL)
             ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] =
                 l[r] == 0.0f ? -INFINITY : (float)((double)m[r] + log((double)l[r]));
@@ -347,8 +311,8 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     if (pl.bq > p->Lq)
         pl.bq = p->Lq;
     pl.n_qb = (p->Lq + pl.bq - 1) / pl.bq;
-    pl.rp = round_up(p->group * pl.bq, 16); /* a multiple of every ISA's lanes */
-    pl.dvp = round_up(p->Dv, 16);
+    pl.rp = sdpa__round_up(p->group * pl.bq, 16); /* a multiple of every ISA's lanes */
+    pl.dvp = sdpa__round_up(p->Dv, 16);
     pl.q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
     pl.k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
     pl.v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);

@@ -31,33 +31,36 @@ static sdpa_status ref_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     return sdpa__ref_backward(ctx, p, dout, dq, dk, dv);
 }
 
-/* The tiled forward does not draw dropout masks yet: such problems go to the reference. */
-static int flash_supports(const sdpa__problem *p) {
-    return !(p->dropout_p > 0.0);
+/* The tiled forward does not draw dropout masks yet: such forwards go to the reference. The
+ * tiled backward draws them itself. */
+static int flash_supports(sdpa__op op, const sdpa__problem *p) {
+    return op == SDPA__OP_BACKWARD || !(p->dropout_p > 0.0);
 }
 
 static const sdpa__impl reference = {"reference", SDPA_ISA_GENERIC, 0,           NULL,
                                      NULL,        ref_forward,      ref_weights, ref_backward};
-static const sdpa__impl flash_generic = {
-    "flash-generic", SDPA_ISA_GENERIC,    0,    &sdpa__uk_generic,
-    flash_supports,  sdpa__flash_forward, NULL, NULL};
+static const sdpa__impl flash_generic = {.name = "flash-generic",
+                                         .level = SDPA_ISA_GENERIC,
+                                         .needs = 0,
+                                         .uk = &sdpa__uk_generic,
+                                         .supports = flash_supports,
+                                         .forward = sdpa__flash_forward,
+                                         .backward = sdpa__flash_backward};
 #if defined(SDPA_HAVE_X86)
-static const sdpa__impl flash_avx2 = {"flash-avx2",
-                                      SDPA_ISA_AVX2,
-                                      SDPA__NEEDS_AVX2,
-                                      &sdpa__uk_avx2,
-                                      flash_supports,
-                                      sdpa__flash_forward,
-                                      NULL,
-                                      NULL};
-static const sdpa__impl flash_avx512 = {"flash-avx512",
-                                        SDPA_ISA_AVX512,
-                                        SDPA__NEEDS_AVX512,
-                                        &sdpa__uk_avx512,
-                                        flash_supports,
-                                        sdpa__flash_forward,
-                                        NULL,
-                                        NULL};
+static const sdpa__impl flash_avx2 = {.name = "flash-avx2",
+                                      .level = SDPA_ISA_AVX2,
+                                      .needs = SDPA__NEEDS_AVX2,
+                                      .uk = &sdpa__uk_avx2,
+                                      .supports = flash_supports,
+                                      .forward = sdpa__flash_forward,
+                                      .backward = sdpa__flash_backward};
+static const sdpa__impl flash_avx512 = {.name = "flash-avx512",
+                                        .level = SDPA_ISA_AVX512,
+                                        .needs = SDPA__NEEDS_AVX512,
+                                        .uk = &sdpa__uk_avx512,
+                                        .supports = flash_supports,
+                                        .forward = sdpa__flash_forward,
+                                        .backward = sdpa__flash_backward};
 #endif
 
 static const sdpa__impl *const impls[] = {
@@ -94,7 +97,7 @@ const sdpa__impl *sdpa__select(uint32_t features, sdpa_isa cap, sdpa__op op,
                            : op == SDPA__OP_WEIGHTS ? impl->weights != NULL
                                                     : impl->backward != NULL;
         if (offers && sdpa__impl_allowed(impl, features, cap) &&
-            (impl->supports == NULL || p == NULL || impl->supports(p)))
+            (impl->supports == NULL || p == NULL || impl->supports(op, p)))
             return impl;
     }
     return impls[0];

@@ -30,8 +30,9 @@ struct sdpa__impl {
     sdpa_isa level;           /* what a max_isa or SDPA_MAX_ISA cap is compared with */
     uint32_t needs;           /* SDPA__CPU_* features it requires */
     const sdpa__ukernels *uk; /* the micro-kernels it drives, or NULL */
-    /* Optional: returns nonzero if this implementation handles p. NULL = handles everything. */
-    int (*supports)(const sdpa__problem *p);
+    /* Optional: returns nonzero if this implementation handles operation op on p. NULL =
+     * handles everything. */
+    int (*supports)(sdpa__op op, const sdpa__problem *p);
     /* out: (B, Hq, Lq, Dv); lse: NULL or (B, Hq, Lq, 1) F32. May fail only with NOMEM. */
     sdpa_status (*forward)(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                            sdpa_tensor *out, sdpa_tensor *lse);

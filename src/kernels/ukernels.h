@@ -10,6 +10,11 @@
  * reductions. Query rows are padded to a multiple of `lanes`; keys are not padded. All
  * matrices are f32 with strides in elements (K and V strides may be 0 or negative: they can
  * point straight into the caller's tensors).
+ *
+ * The backward (src/attn/flash_backward.c) drives the same entries, some with their operands'
+ * roles exchanged: qk given query rows where it takes keys, and keys packed where it takes
+ * Q^T, gives the scores row-major (one key per lane); pv summing over query rows instead of
+ * keys gives dK and dV. Nothing in an entry's contract depends on which is which.
  */
 #ifndef SDPA_UKERNELS_H
 #define SDPA_UKERNELS_H
@@ -45,6 +50,12 @@ typedef struct sdpa__ukernels {
      * -0.0 marks hidden keys (exp never returns it), so that a careful P.V can skip them.
      * @return nonzero if any score was -inf (some key is hidden from some row). */
     int (*softmax)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l, float *alpha);
+    /* The backward's weights, recomputed from the forward's log-sum-exp u (one per row): for
+     * every j < nk and r < nr,
+     *   s[j*lds + r] = (s == -inf ? -0.0f : exp(s - u[r]))
+     * with softmax's exp (its accuracy; a NaN stays NaN; never -0.0 itself), so that -0.0
+     * marks hidden keys as there. @return nonzero if any score was -inf. */
+    int (*exp_lse)(int64_t nk, int64_t nr, float *s, int64_t lds, const float *u);
     /* o[r*ldo + c] = alpha[r] * o[r*ldo + c] + sum_j p[j*ldp + r] * v[j*ldv + c]
      * for r < nr (not padded), c < dv. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,

@@ -315,6 +315,37 @@ static int softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m,
     return _mm256_movemask_ps(hidden) != 0;
 }
 
+/* exp(s - u) for n vectors of one key's rows (see exp_lse_avx2). */
+INLINE void exp_lse_vectors(int n, float *s, const float *u, __m256 *hidden) {
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), neg_zero = _mm256_set1_ps(-0.0f);
+    __m256 x[4], inf[4];
+    for (int i = 0; i < n; i++) {
+        x[i] = _mm256_loadu_ps(s + 8 * i);
+        inf[i] = _mm256_cmp_ps(x[i], neg_inf, _CMP_EQ_OQ);
+        *hidden = _mm256_or_ps(*hidden, inf[i]);
+        x[i] = _mm256_sub_ps(x[i], _mm256_loadu_ps(u + 8 * i));
+    }
+    exp256_n(n, x);
+    for (int i = 0; i < n; i++)
+        _mm256_storeu_ps(s + 8 * i, _mm256_blendv_ps(x[i], neg_zero, inf[i]));
+}
+
+/* The backward's weights (ukernels.h): along the rows of one key, four vectors at a time so
+ * that their exps interleave (the backward calls it with one key and a tile of keys in the
+ * lanes as well as with many keys). */
+static int exp_lse_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, const float *u) {
+    __m256 hidden = _mm256_setzero_ps();
+    for (int64_t j = 0; j < nk; j++) {
+        float *s_j = s + j * lds;
+        int64_t r = 0;
+        for (; r + 32 <= nr; r += 32)
+            exp_lse_vectors(4, s_j + r, u + r, &hidden);
+        for (; r < nr; r += 8)
+            exp_lse_vectors(1, s_j + r, u + r, &hidden);
+    }
+    return _mm256_movemask_ps(hidden) != 0;
+}
+
 /* Loads and stores of a vector of o or v: the last one of a row (lane mask `last`) only when
  * `masked`, so that full-width rows keep no masks in registers. */
 INLINE __m256 load_cols(int masked, __m256i last, const float *x) {
@@ -449,6 +480,7 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .qk = qk_avx2,
     .qk_few = qk_few_avx2,
     .softmax = softmax_avx2,
+    .exp_lse = exp_lse_avx2,
     .pv = pv_avx2,
     .pv_careful = pv_careful_avx2,
     .load_row = sdpa__load_row_generic,

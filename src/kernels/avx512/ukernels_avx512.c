@@ -294,6 +294,33 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
     return hidden != 0;
 }
 
+/* exp(s - u) for n vectors of one key's rows (see exp_lse_avx512). */
+INLINE void exp_lse_vectors(int n, float *s, const float *u, __mmask16 *hidden) {
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), neg_zero = _mm512_set1_ps(-0.0f);
+    for (int i = 0; i < n; i++) {
+        const __m512 x = _mm512_loadu_ps(s + 16 * i);
+        const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
+        *hidden |= inf;
+        const __m512 p = exp512(_mm512_sub_ps(x, _mm512_loadu_ps(u + 16 * i)));
+        _mm512_storeu_ps(s + 16 * i, _mm512_mask_blend_ps(inf, p, neg_zero));
+    }
+}
+
+/* The backward's weights (ukernels.h): along the rows of one key, four vectors at a time so
+ * that their exps (inlined, independent) interleave. */
+static int exp_lse_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, const float *u) {
+    __mmask16 hidden = 0;
+    for (int64_t j = 0; j < nk; j++) {
+        float *s_j = s + j * lds;
+        int64_t r = 0;
+        for (; r + 64 <= nr; r += 64)
+            exp_lse_vectors(4, s_j + r, u + r, &hidden);
+        for (; r < nr; r += 16)
+            exp_lse_vectors(1, s_j + r, u + r, &hidden);
+    }
+    return hidden != 0;
+}
+
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
  * of columns starting at o and v; the last vector is limited by `last` (a lane mask). */
 INLINE void pv_block(int mr, int nv, int pf, int careful, __mmask16 last, int64_t nk,
@@ -419,6 +446,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .qk = qk_avx512,
     .qk_few = qk_few_avx512,
     .softmax = softmax_avx512,
+    .exp_lse = exp_lse_avx512,
     .pv = pv_avx512,
     .pv_careful = pv_careful_avx512,
     .load_row = sdpa__load_row_generic,

@@ -247,6 +247,22 @@ static int softmax_generic(int64_t nk, int64_t nr, float *s, int64_t lds, float 
     return hidden != 0;
 }
 
+/* The backward's weights (ukernels.h): softmax's second pass with a given subtrahend, along
+ * the rows of one key at a time. */
+static int exp_lse_generic(int64_t nk, int64_t nr, float *s, int64_t lds, const float *u) {
+    uint32_t hidden = 0;
+    for (int64_t j = 0; j < nk; j++) {
+        float *s_j = s + j * lds;
+        for (int64_t r = 0; r < nr; r++) {
+            const float x = s_j[r];
+            const uint32_t h = x == -INFINITY ? 0xffffffffu : 0u;
+            s_j[r] = pick(h, -0.0f, exp_generic(x - u[r]));
+            hidden |= h;
+        }
+    }
+    return hidden != 0;
+}
+
 /* P V for the four output rows o0..o3 (weights p[j * ldp + a] for row a); the same for one
  * row below. The loop over columns is the vectorised one, holding the partial sums of one
  * vector of columns in registers, reading each vector of V once for all four rows, with the
@@ -378,6 +394,7 @@ const sdpa__ukernels sdpa__uk_generic = {
     .qk = qk_generic,
     .qk_few = qk_few_generic,
     .softmax = softmax_generic,
+    .exp_lse = exp_lse_generic,
     .pv = pv_fast_generic,
     .pv_careful = pv_careful_generic,
     .load_row = sdpa__load_row_generic,

@@ -1,0 +1,69 @@
+/*
+ * tile.h — what the tiled drivers (flash.c, the forward; flash_backward.c, the backward) share:
+ * where a row of a tensor lives, whether a tile holds a NaN or an Inf, and the one statement
+ * in f32 of how a score is formed from its scaled product. The backward recomputes the
+ * forward's weights from its log-sum-exp, so both must form every score by the same
+ * operations in the same order; keeping that rule here keeps them from drifting apart.
+ */
+#ifndef SDPA_TILE_H
+#define SDPA_TILE_H
+
+#include "../core/half.h"
+#include "../core/problem.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline int64_t sdpa__round_up(int64_t x, int64_t m) {
+    return (x + m - 1) / m * m;
+}
+
+/* Where element (b, h, l, 0) of t lives. */
+static inline const void *sdpa__row_at(const sdpa_tensor *t, int64_t b, int64_t h, int64_t l) {
+    return (const char *)t->data + sdpa__offset(t, b, h, l, 0) * (int64_t)sdpa_dtype_size(t->dtype);
+}
+
+/* Whether rows [0, n) of x (f32, row stride ld, d columns) hold a NaN or an Inf. Asked only of
+ * tiles where some key is hidden, the only case where such a value could leak as 0 x NaN. */
+static inline int sdpa__has_nonfinite(const float *x, int64_t n, int64_t ld, int64_t d) {
+    uint32_t bad = 0;
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t c = 0; c < d; c++) {
+            uint32_t u;
+            memcpy(&u, &x[j * ld + c], sizeof u);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+    return bad != 0;
+}
+
+/* The score of query i and key j of (batch b, query head h) from its scaled product
+ * x = scale q_i . k_j, for a key the window rule lets the row see (sdpa.h, Semantics):
+ *     s = softcap(x) + alibi_ij + mask_ij,
+ * -inf where a bool mask or a -inf bias hides the key. With dsdx (the backward), also
+ * ds/dx: softcap's derivative 1 - tanh^2(x / c), formed as (1 - t)(1 + t), which keeps its
+ * relative accuracy where tanh is near +-1, and 1 without softcap. */
+static inline float sdpa__tile_score(const sdpa__problem *p, int64_t b, int64_t h, int64_t i,
+                                     int64_t j, float x, float *dsdx) {
+    if (p->softcap > 0.0) {
+        const float cap = (float)p->softcap, t = tanhf(x / cap);
+        x = cap * t;
+        if (dsdx != NULL)
+            *dsdx = (1.0f - t) * (1.0f + t);
+    } else if (dsdx != NULL) {
+        *dsdx = 1.0f;
+    }
+    if (p->alibi != NULL)
+        x -= p->alibi[h] * fabsf((float)(j - (i + p->off)));
+    if (p->has_mask) {
+        const float mv =
+            sdpa__load(p->mask.data, p->mask.dtype, sdpa__offset(&p->mask, b, h, i, j));
+        if (p->mask.dtype == SDPA_BOOL)
+            x = mv == 0.0f ? -INFINITY : x;
+        else
+            x = mv == -INFINITY ? -INFINITY : x + mv;
+    }
+    return x;
+}
+
+#endif /* SDPA_TILE_H */

@@ -1,0 +1,906 @@
+/*
+ * test_flash_backward.c — the tiled backward (src/attn/flash_backward.c) at every ISA level the
+ * CPU has, against the reference backward (src/ref/ref_backward.c, in double: the golden) by
+ * testing.md's gradient rule: err(test) <= k err(lp) + floor, with k = 8 for f32 storage and 3
+ * for f16/bf16, an NMSE gate on dV only, non-finite values at the same places, and the dQ of
+ * fully masked rows exactly 0. The same-precision baseline (lp) is a naive backward written
+ * here: S and P materialised per head, every product summed in float and every intermediate
+ * rounded to the storage type, as a framework's math path would do it.
+ *
+ * The sweep: no features, causal in both alignments with Lq < Lk and Lq > Lk, windows, bool and
+ * additive masks (broadcast too) with fully masked rows, softcap, ALiBi, GQA and MQA, Dk != Dv,
+ * lengths around the kernel's block of 64 and odd ones, strided and (B, L, H, D) layouts,
+ * f16/bf16 storage and dropout. Then: every element written and nothing around it; NaN and Inf
+ * in keys hidden from every row reach no gradient (bitwise the clean run's), and a key that some
+ * rows see makes exactly their gradients NaN; bitwise identical results for 1 to 16 threads and
+ * on repeated calls; and running out of memory. Levels the CPU lacks are reported as skipped.
+ */
+#include "check.h"
+#include "testutil.h"
+
+#include "../src/core/half.h"
+#include "../src/core/philox.h"
+#include "../src/core/validate.h"
+#include "../src/dispatch/impl.h"
+#include "../src/ref/ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- one problem's tensors ---------------------------------------------------------------- */
+
+enum mask_kind { MASK_NONE, MASK_BOOL, MASK_ADD, MASK_ADD_F16_BCAST };
+
+typedef struct fb_case {
+    tu_dims d;
+    sdpa_params p; /* mask and alibi_slopes are set by the case's fields below */
+    int mask;      /* enum mask_kind: random holes (~25%), and every 4th row hidden whole */
+    int alibi;
+    sdpa_dtype dt; /* storage of q, k, v, out, dout and the gradients */
+    tu_layout layout;
+    int64_t pad, offset; /* row padding and base offset of every tensor */
+    int64_t nan_q;       /* > 0: q[0, 0, nan_q - 1, 0] is NaN (a NaN row) */
+    int64_t nan_dout;    /* > 0: dout[0, 0, nan_dout - 1, 1] is NaN */
+    uint64_t seed;
+} fb_case;
+
+typedef struct fb_tensors {
+    tu_tensor q, k, v, o, lse, dout, dq, dk, dv, mask;
+    float slopes[64];
+    sdpa_params p;
+} fb_tensors;
+
+static fb_case plain(int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t dk, int64_t dv) {
+    fb_case c;
+    memset(&c, 0, sizeof c);
+    c.d = (tu_dims){1, hq, hkv, lq, lk, dk, dv};
+    c.dt = SDPA_F32;
+    c.seed = 1;
+    return c;
+}
+
+/* Fills *t in place: its params point into it (the mask, the slopes). */
+static void make(const fb_case *c, fb_tensors *t) {
+    const tu_dims d = c->d;
+    memset(t, 0, sizeof *t);
+    tu_rng r = {c->seed};
+    t->q = tu_alloc(c->dt, d.B, d.Hq, d.Lq, d.Dk, c->layout, c->pad, c->offset);
+    t->k = tu_alloc(c->dt, d.B, d.Hkv, d.Lk, d.Dk, c->layout, c->pad, c->offset);
+    t->v = tu_alloc(c->dt, d.B, d.Hkv, d.Lk, d.Dv, c->layout, c->pad, c->offset);
+    t->o = tu_alloc(c->dt, d.B, d.Hq, d.Lq, d.Dv, c->layout, c->pad, c->offset);
+    t->lse = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, 1, TU_BHLD, 0, 0);
+    t->dout = tu_alloc(c->dt, d.B, d.Hq, d.Lq, d.Dv, c->layout, c->pad, c->offset);
+    t->dq = tu_alloc(c->dt, d.B, d.Hq, d.Lq, d.Dk, c->layout, c->pad, c->offset);
+    t->dk = tu_alloc(c->dt, d.B, d.Hkv, d.Lk, d.Dk, c->layout, c->pad, c->offset);
+    t->dv = tu_alloc(c->dt, d.B, d.Hkv, d.Lk, d.Dv, c->layout, c->pad, c->offset);
+    tu_fill_randn(&t->q, &r, 1.0, 0.0);
+    tu_fill_randn(&t->k, &r, 1.0, 0.0);
+    tu_fill_randn(&t->v, &r, 1.0, 0.0);
+    tu_fill_randn(&t->dout, &r, 1.0, 0.0);
+    if (c->nan_q > 0)
+        tu_set(&t->q.t, 0, 0, c->nan_q - 1, 0, NAN);
+    if (c->nan_dout > 0)
+        tu_set(&t->dout.t, 0, 0, c->nan_dout - 1, d.Dv > 1 ? 1 : 0, NAN);
+    t->p = c->p;
+    if (c->mask != MASK_NONE) {
+        const int bcast = c->mask == MASK_ADD_F16_BCAST;
+        const sdpa_dtype mdt = c->mask == MASK_BOOL ? SDPA_BOOL : bcast ? SDPA_F16 : SDPA_F32;
+        const int64_t mb = bcast ? 1 : d.B, mh = bcast ? 1 : d.Hq;
+        t->mask = tu_alloc(mdt, mb, mh, d.Lq, d.Lk, TU_BHLD, 0, 0);
+        for (int64_t b = 0; b < mb; b++)
+            for (int64_t h = 0; h < mh; h++)
+                for (int64_t i = 0; i < d.Lq; i++)
+                    for (int64_t j = 0; j < d.Lk; j++) {
+                        const int hole = tu_uniform(&r) < 0.25 || i % 4 == 1;
+                        const double bias = hole ? -INFINITY : tu_randn(&r);
+                        tu_set(&t->mask.t, b, h, i, j, mdt == SDPA_BOOL ? !hole : bias);
+                    }
+        t->p.mask = &t->mask.t;
+    }
+    if (c->alibi) {
+        for (int64_t h = 0; h < d.Hq && h < 64; h++)
+            t->slopes[h] = (float)pow(2.0, -8.0 * (double)(h + 1) / (double)d.Hq);
+        t->p.alibi_slopes = t->slopes;
+    }
+}
+
+static void release(fb_tensors *t) {
+    tu_tensor *all[] = {&t->q,    &t->k,  &t->v,  &t->o,  &t->lse,
+                        &t->dout, &t->dq, &t->dk, &t->dv, &t->mask};
+    for (size_t n = 0; n < sizeof all / sizeof all[0]; n++)
+        tu_free(all[n]);
+}
+
+static sdpa_status backward(sdpa_ctx *ctx, fb_tensors *t) {
+    return sdpa_backward(ctx, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t, &t->dout.t, &t->p,
+                         &t->dq.t, &t->dk.t, &t->dv.t);
+}
+
+/* The golden: the reference forward (out in the case's storage, as a training step would
+ * keep it) into t->o and t->lse, then the reference backward into f32 gradients, as doubles. */
+static int golden(fb_tensors *t, double **gq, double **gk, double **gv) {
+    sdpa_ctx *ctx = tu_ctx(1, SDPA_ISA_GENERIC);
+    const sdpa_tensor *q = &t->q.t, *k = &t->k.t, *v = &t->v.t;
+    tu_tensor dq =
+        tu_alloc(SDPA_F32, q->shape[0], q->shape[1], q->shape[2], q->shape[3], TU_BHLD, 0, 0);
+    tu_tensor dk =
+        tu_alloc(SDPA_F32, k->shape[0], k->shape[1], k->shape[2], k->shape[3], TU_BHLD, 0, 0);
+    tu_tensor dv =
+        tu_alloc(SDPA_F32, v->shape[0], v->shape[1], v->shape[2], v->shape[3], TU_BHLD, 0, 0);
+    sdpa__problem p;
+    sdpa_status st = tu_golden_forward(ctx, q, k, v, &t->p, &t->o.t, &t->lse.t);
+    if (st == SDPA_OK)
+        st = sdpa__check_backward(ctx, q, k, v, &t->o.t, &t->lse.t, &t->dout.t, &t->p, &dq.t, &dk.t,
+                                  &dv.t, &p);
+    if (st == SDPA_OK)
+        st = sdpa__ref_backward(ctx, &p, &t->dout.t, &dq.t, &dk.t, &dv.t);
+    CHECK_MSG(st == SDPA_OK, "golden: %s", sdpa_ctx_last_error(ctx));
+    *gq = tu_to_doubles(&dq.t);
+    *gk = tu_to_doubles(&dk.t);
+    *gv = tu_to_doubles(&dv.t);
+    tu_free(&dq);
+    tu_free(&dk);
+    tu_free(&dv);
+    sdpa_ctx_destroy(ctx);
+    return st == SDPA_OK;
+}
+
+/* ---- the same-precision baseline ---------------------------------------------------------- */
+
+/* x rounded to dt (the storage type; intermediates of a framework's math path). */
+static double rnd(sdpa_dtype dt, double x) {
+    if (dt == SDPA_F16)
+        return (double)sdpa__f16_to_f32(sdpa__f64_to_f16(x));
+    if (dt == SDPA_BF16)
+        return (double)sdpa__bf16_to_f32(sdpa__f64_to_bf16(x));
+    return (double)(float)x;
+}
+
+/* A float accumulator's next value. */
+static double facc(double acc, double x) {
+    return (double)(float)(acc + x);
+}
+
+/* acc + a b in f32 without a fused multiply-add: the product rounded, then the sum (naive f32
+ * arithmetic; exact products of half-precision values are unchanged). */
+static double fmac(double acc, double a, double b) {
+    return facc(acc, (double)(float)(a * b));
+}
+
+static double mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j) {
+    return tu_get(m, m->shape[0] == 1 ? 0 : b, m->shape[1] == 1 ? 0 : h, i, j);
+}
+
+/* The naive backward in the storage type's precision, into gq (B, Hq, Lq, Dk), gk and gv
+ * (B, Hkv, Lk, D), contiguous: what a framework's math path does with the same inputs (q, k, v,
+ * the forward's out and LSE, dout). Per (b, h): S and visibility materialised, P = exp(S - LSE),
+ * the dropped P~ = z P, dV += P~^T dO, dP = z (dO V^T), Delta = rowsum(dO o out),
+ * dS = P (dP - Delta) through softcap's derivative, dQ = scale dS K, dK += scale dS^T Q; every
+ * product and sum in float (not fused: naive f32), every intermediate rounded to the storage
+ * type. */
+static void lp_backward(const fb_tensors *t, sdpa_dtype dt, double *gq, double *gk, double *gv) {
+    const sdpa_tensor *q = &t->q.t, *k = &t->k.t, *v = &t->v.t, *dout = &t->dout.t;
+    const sdpa_params *pr = &t->p;
+    const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], Dk = q->shape[3];
+    const int64_t Hkv = k->shape[1], Lk = k->shape[2], Dv = v->shape[3], group = Hq / Hkv;
+    const double scale = pr->scale != 0.0f ? (double)pr->scale : 1.0 / sqrt((double)Dk);
+    const int64_t off = pr->align == SDPA_ALIGN_BOTTOM_RIGHT ? Lk - Lq : 0;
+    const int64_t wl = pr->use_window ? pr->window_left : -1;
+    const int64_t wr = pr->causal ? 0 : (pr->use_window ? pr->window_right : -1);
+    double *S = malloc((size_t)(Lq * Lk) * sizeof *S), *D = malloc((size_t)(Lq * Lk) * sizeof *D);
+    double *P = malloc((size_t)(Lq * Lk) * sizeof *P), *Z = malloc((size_t)(Lq * Lk) * sizeof *Z);
+    unsigned char *vis = malloc((size_t)(Lq * Lk));
+    memset(gk, 0, (size_t)(B * Hkv * Lk * Dk) * sizeof *gk);
+    memset(gv, 0, (size_t)(B * Hkv * Lk * Dv) * sizeof *gv);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++) {
+            const int64_t hk = h / group;
+            for (int64_t i = 0; i < Lq; i++)
+                for (int64_t j = 0; j < Lk; j++) {
+                    const int64_t rel = j - (i + off), n = i * Lk + j;
+                    int seen = !(wl >= 0 && rel < -wl) && !(wr >= 0 && rel > wr);
+                    double s = 0.0;
+                    for (int64_t c = 0; c < Dk; c++)
+                        s = fmac(s, tu_get(q, b, h, i, c), tu_get(k, b, hk, j, c));
+                    s = rnd(dt, s * scale);
+                    D[n] = 1.0;
+                    if (pr->softcap > 0.0f) {
+                        const double th = tanh(s / (double)pr->softcap);
+                        D[n] = rnd(dt, 1.0 - th * th);
+                        s = rnd(dt, (double)pr->softcap * th);
+                    }
+                    if (pr->alibi_slopes)
+                        s = rnd(dt, s - (double)pr->alibi_slopes[h] * fabs((double)rel));
+                    if (pr->mask) {
+                        const double mv = mask_at(pr->mask, b, h, i, j);
+                        if (pr->mask->dtype == SDPA_BOOL)
+                            seen = seen && mv != 0.0;
+                        else if (mv == -INFINITY)
+                            seen = 0;
+                        else
+                            s = rnd(dt, s + mv);
+                    }
+                    S[n] = s;
+                    vis[n] = (unsigned char)(seen && s != -INFINITY);
+                    Z[n] = pr->dropout_p > 0.0f
+                               ? (sdpa__dropout_keep(pr->dropout_seed, pr->dropout_offset, b, h, i,
+                                                     j, (double)pr->dropout_p)
+                                      ? 1.0 / (1.0 - (double)pr->dropout_p)
+                                      : 0.0)
+                               : 1.0;
+                }
+            for (int64_t i = 0; i < Lq; i++) {
+                const double lse = tu_get(&t->lse.t, b, h, i, 0);
+                for (int64_t j = 0; j < Lk; j++)
+                    P[i * Lk + j] = vis[i * Lk + j] && lse != -INFINITY
+                                        ? rnd(dt, exp(S[i * Lk + j] - lse))
+                                        : 0.0;
+                double delta = 0.0;
+                for (int64_t c = 0; c < Dv; c++)
+                    delta = fmac(delta, tu_get(dout, b, h, i, c), tu_get(&t->o.t, b, h, i, c));
+                delta = rnd(dt, delta);
+                double *gq_i = gq + ((b * Hq + h) * Lq + i) * Dk;
+                for (int64_t c = 0; c < Dk; c++)
+                    gq_i[c] = 0.0;
+                for (int64_t j = 0; j < Lk; j++) {
+                    if (!vis[i * Lk + j] || lse == -INFINITY)
+                        continue;
+                    const int64_t n = i * Lk + j;
+                    double *gv_j = gv + ((b * Hkv + hk) * Lk + j) * Dv;
+                    double *gk_j = gk + ((b * Hkv + hk) * Lk + j) * Dk;
+                    const double pt = rnd(dt, Z[n] * P[n]);
+                    double dpt = 0.0;
+                    for (int64_t c = 0; c < Dv; c++) {
+                        gv_j[c] = fmac(gv_j[c], pt, tu_get(dout, b, h, i, c));
+                        dpt = fmac(dpt, tu_get(dout, b, h, i, c), tu_get(v, b, hk, j, c));
+                    }
+                    const double dp = rnd(dt, Z[n] * rnd(dt, dpt));
+                    const double ds = rnd(dt, rnd(dt, P[n] * (dp - delta)) * D[n]);
+                    for (int64_t c = 0; c < Dk; c++) {
+                        gq_i[c] = fmac(gq_i[c], rnd(dt, scale * ds), tu_get(k, b, hk, j, c));
+                        gk_j[c] = fmac(gk_j[c], rnd(dt, scale * ds), tu_get(q, b, h, i, c));
+                    }
+                }
+                for (int64_t c = 0; c < Dk; c++)
+                    gq_i[c] = rnd(dt, gq_i[c]);
+            }
+        }
+    for (int64_t n = 0; n < B * Hkv * Lk * Dk; n++)
+        gk[n] = rnd(dt, gk[n]);
+    for (int64_t n = 0; n < B * Hkv * Lk * Dv; n++)
+        gv[n] = rnd(dt, gv[n]);
+    free(S);
+    free(D);
+    free(P);
+    free(Z);
+    free(vis);
+}
+
+/* ---- checks --------------------------------------------------------------------------------- */
+
+/* Every element of t written (not `fill` in every byte) and every byte around them still
+ * `fill`. */
+static int written_exactly(const tu_tensor *t, unsigned char fill) {
+    const size_t es = sdpa_dtype_size(t->t.dtype);
+    unsigned char *mine = calloc(t->bytes, 1);
+    const unsigned char *bytes = t->buf;
+    const size_t base_at = (size_t)((const unsigned char *)t->t.data - bytes);
+    int ok = 1;
+    for (int64_t a = 0; a < t->t.shape[0]; a++)
+        for (int64_t b = 0; b < t->t.shape[1]; b++)
+            for (int64_t c = 0; c < t->t.shape[2]; c++)
+                for (int64_t e = 0; e < t->t.shape[3]; e++) {
+                    const size_t at = base_at + (size_t)(a * t->t.stride[0] + b * t->t.stride[1] +
+                                                         c * t->t.stride[2] + e * t->t.stride[3]) *
+                                                    es;
+                    int canary = 1;
+                    for (size_t x = 0; x < es; x++) {
+                        canary &= bytes[at + x] == fill;
+                        mine[at + x] = 1;
+                    }
+                    ok &= !canary;
+                }
+    for (size_t x = 0; x < t->bytes; x++)
+        ok &= mine[x] || bytes[x] == fill;
+    free(mine);
+    return ok;
+}
+
+/* The backward into gradients filled with a canary, and whether it wrote every element and
+ * nothing around them. A half-precision gradient may come out as the canary's own bits
+ * (0xA5A5 is an f16 and a bf16), so a miss is confirmed with a second canary before it counts. */
+static int backward_writes_exactly(sdpa_ctx *ctx, fb_tensors *t, sdpa_status *st) {
+    static const unsigned char fills[2] = {0xA5, 0x5A};
+    int ok = 0;
+    for (int n = 0; n < 2 && !ok; n++) {
+        memset(t->dq.buf, fills[n], t->dq.bytes);
+        memset(t->dk.buf, fills[n], t->dk.bytes);
+        memset(t->dv.buf, fills[n], t->dv.bytes);
+        *st = backward(ctx, t);
+        if (*st != SDPA_OK)
+            return 0;
+        ok = written_exactly(&t->dq, fills[n]) && written_exactly(&t->dk, fills[n]) &&
+             written_exactly(&t->dv, fills[n]);
+    }
+    return ok;
+}
+
+/* The rule's k and dV's NMSE gate for a storage type (testing.md). */
+static double rule_k(sdpa_dtype dt) {
+    return dt == SDPA_F32 ? 8.0 : 3.0;
+}
+
+static double nmse_gate(sdpa_dtype dt) {
+    return dt == SDPA_F32 ? 1e-10 : dt == SDPA_F16 ? 1e-6 : 5e-5;
+}
+
+static double max_abs(const sdpa_tensor *t) {
+    double m = 0.0;
+    for (int64_t a = 0; a < t->shape[0]; a++)
+        for (int64_t b = 0; b < t->shape[1]; b++)
+            for (int64_t c = 0; c < t->shape[2]; c++)
+                for (int64_t d = 0; d < t->shape[3]; d++)
+                    m = fmax(m, fabs(tu_get(t, a, b, c, d)));
+    return m;
+}
+
+/* Explicit mantissa bits of a storage type. */
+static int mantissa_bits(sdpa_dtype dt) {
+    return dt == SDPA_F32 ? 23 : dt == SDPA_F16 ? 10 : 7;
+}
+
+/* testing.md's rule, with two degenerate cases where the same-precision baseline is exact and
+ * the bound would shrink to the rounding floor alone:
+ * - A gradient that is exactly 0: dq and dk when every row sees one key, where
+ *   dS = P (dP - Delta) cancels. The golden forms both terms alike in double, and so can a
+ *   naive path; the tiled backward forms Delta = dO . O apart from dP, as FlashAttention-2
+ *   does, and keeps their difference in rounding. That is held to twice the rounding bound of
+ *   an f32 dot product of the cancelled terms, times scale max|other operand|.
+ * - A baseline exact everywhere (dv when each row sees one key: P = 1): the tiled backward's
+ *   P = exp(s - LSE) from its own f32 score and the stored f32 LSE is 1 within a rounding of
+ *   s, and the naive path's may happen to be exactly 1. Held to 4 ulps of the largest value.
+ * @return 1 on pass. */
+static int gradient_rule(const char *what, const double *test, const double *lp, const double *gold,
+                         size_t n, sdpa_dtype dt, double nmse, const fb_tensors *t,
+                         const sdpa_tensor *other) {
+    int zero = 1, exact = 1;
+    double scale_g = 0.0, worst = 0.0;
+    for (size_t x = 0; x < n; x++) {
+        if (!isfinite(gold[x]))
+            continue;
+        zero &= gold[x] == 0.0;
+        exact &= lp[x] == gold[x];
+        scale_g = fmax(scale_g, fabs(gold[x]));
+    }
+    if (zero && other != NULL) {
+        /* the cancelled terms: A = max over (row, key) of sum_c |dO_c v_c|; an f32 dot product
+         * of Dv terms is within Dv ulps of A, Delta within one */
+        const sdpa_tensor *v = &t->v.t, *dout = &t->dout.t;
+        const int64_t group = dout->shape[1] / v->shape[1];
+        double big = 0.0;
+        for (int64_t b = 0; b < dout->shape[0]; b++)
+            for (int64_t h = 0; h < dout->shape[1]; h++)
+                for (int64_t i = 0; i < dout->shape[2]; i++)
+                    for (int64_t j = 0; j < v->shape[2]; j++) {
+                        double a = 0.0;
+                        for (int64_t c = 0; c < v->shape[3]; c++)
+                            a += fabs(tu_get(dout, b, h, i, c) * tu_get(v, b, h / group, j, c));
+                        big = fmax(big, a);
+                    }
+        const double scale =
+            t->p.scale != 0.0f ? fabs((double)t->p.scale) : 1.0 / sqrt((double)t->q.t.shape[3]);
+        const double bound =
+            2.0 * (double)(v->shape[3] + 1) * 0x1p-24 * big * scale * max_abs(other);
+        for (size_t x = 0; x < n; x++)
+            worst = isnan(test[x]) ? INFINITY : fmax(worst, fabs(test[x]));
+        printf("    %-44s exactly 0: max %.3e, bound %.3e\n", what, worst, bound);
+        return worst <= bound;
+    }
+    if (exact && !zero) {
+        const double bound = 4.0 * ldexp(1.0, ilogb(scale_g) - mantissa_bits(dt));
+        for (size_t x = 0; x < n; x++)
+            worst = isnan(test[x]) != isnan(gold[x]) ? INFINITY
+                    : isnan(gold[x])                 ? worst
+                                                     : fmax(worst, fabs(test[x] - gold[x]));
+        printf("    %-44s baseline exact: err %.3e, bound %.3e\n", what, worst, bound);
+        return worst <= bound;
+    }
+    return tu_rule(what, test, lp, gold, n, dt, rule_k(dt), nmse);
+}
+
+/* One case at every level: the rule on dq, dk, dv; every element written; the dq of fully
+ * masked rows exactly 0. @return 1 if all pass. */
+static int run_case(const char *name, const fb_case *c) {
+    fb_tensors t;
+    make(c, &t);
+    const tu_dims d = c->d;
+    const size_t nq = (size_t)(d.B * d.Hq * d.Lq * d.Dk), nk = (size_t)(d.B * d.Hkv * d.Lk * d.Dk);
+    const size_t nv = (size_t)(d.B * d.Hkv * d.Lk * d.Dv);
+    double *gq, *gk, *gv;
+    int ok = golden(&t, &gq, &gk, &gv);
+    double *lq = malloc(nq * sizeof *lq), *lk = malloc(nk * sizeof *lk);
+    double *lv = malloc(nv * sizeof *lv);
+    lp_backward(&t, c->dt, lq, lk, lv);
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int n = 0; n < n_impls && ok; n++) {
+        if (!impls[n].runs) {
+            printf("    %-44s [%s] skipped: the CPU lacks %s\n", name, impls[n].name,
+                   impls[n].missing);
+            continue;
+        }
+        sdpa_ctx *ctx = tu_ctx(2, impls[n].level);
+        sdpa_status st;
+        int all = backward_writes_exactly(ctx, &t, &st);
+        CHECK_MSG(st == SDPA_OK, "%s [%s]: %s", name, impls[n].name, sdpa_ctx_last_error(ctx));
+        sdpa_ctx_destroy(ctx);
+        if (st != SDPA_OK) {
+            ok = 0;
+            break;
+        }
+        CHECK_MSG(all, "%s [%s]: an element unwritten or a byte around them touched", name,
+                  impls[n].name);
+        double *xq = tu_to_doubles(&t.dq.t), *xk = tu_to_doubles(&t.dk.t);
+        double *xv = tu_to_doubles(&t.dv.t);
+        char what[128];
+        snprintf(what, sizeof what, "%s [%s] dq", name, impls[n].name);
+        all &= gradient_rule(what, xq, lq, gq, nq, c->dt, 0.0, &t, &t.k.t);
+        snprintf(what, sizeof what, "%s [%s] dk", name, impls[n].name);
+        all &= gradient_rule(what, xk, lk, gk, nk, c->dt, 0.0, &t, &t.q.t);
+        snprintf(what, sizeof what, "%s [%s] dv", name, impls[n].name);
+        all &= gradient_rule(what, xv, lv, gv, nv, c->dt, nmse_gate(c->dt), &t, NULL);
+        /* fully masked rows: dq exactly 0 */
+        int64_t masked = 0, wrong = 0;
+        for (int64_t b = 0; b < d.B; b++)
+            for (int64_t h = 0; h < d.Hq; h++)
+                for (int64_t i = 0; i < d.Lq; i++) {
+                    if (tu_get(&t.lse.t, b, h, i, 0) != -INFINITY)
+                        continue;
+                    masked++;
+                    for (int64_t x = 0; x < d.Dk; x++)
+                        wrong += tu_get(&t.dq.t, b, h, i, x) != 0.0;
+                }
+        CHECK_MSG(wrong == 0, "%s [%s]: %lld dq of fully masked rows not 0", name, impls[n].name,
+                  (long long)wrong);
+        if (n == 0 && masked > 0)
+            printf("    %-44s %lld fully masked rows\n", name, (long long)masked);
+        ok &= all && wrong == 0;
+        free(xq);
+        free(xk);
+        free(xv);
+    }
+    free(gq);
+    free(gk);
+    free(gv);
+    free(lq);
+    free(lk);
+    free(lv);
+    release(&t);
+    return ok;
+}
+
+/* ---- the tables' exp_lse -------------------------------------------------------------------- */
+
+/* Each table's exp_lse: exp(s - u) within 2 ulp on the range a softmax uses, -inf scores as -0.0
+ * (and reported), NaN in s or u as NaN, in both shapes the backward calls it with (one key over
+ * a tile of lanes, and many keys over the rows). */
+static void test_exp_lse(void) {
+    enum { N = 256, NK = 8 };
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int n = 0; n < n_impls; n++) {
+        const sdpa__ukernels *uk = impls[n].impl->uk;
+        if (!impls[n].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[n].missing);
+            continue;
+        }
+        static float s[NK * N], u[N];
+        double worst = 0.0;
+        for (int r = 0; r < N; r++)
+            u[r] = 3.0f - (float)r / 16.0f;
+        for (int j = 0; j < NK; j++)
+            for (int r = 0; r < N; r++)
+                s[j * N + r] = u[r] - 80.0f * (float)((j * N + r) % 97) / 96.0f;
+        CHECK(uk->exp_lse(NK, N, s, N, u) == 0);
+        for (int j = 0; j < NK; j++)
+            for (int r = 0; r < N; r++) {
+                const float x = u[r] - 80.0f * (float)((j * N + r) % 97) / 96.0f;
+                const double want = exp((double)(x - u[r]));
+                worst =
+                    fmax(worst, fabs((double)s[j * N + r] - want) / ldexp(1.0, ilogb(want) - 23));
+            }
+        printf("    %-8s exp_lse: worst %.2f ulp\n", uk->name, worst);
+        CHECK_MSG(worst <= 2.0, "%s exp_lse error %.2f ulp", uk->name, worst);
+        /* one key across the lanes: -inf hidden, NaN stays NaN, a NaN LSE makes NaN */
+        for (int r = 0; r < N; r++) {
+            s[r] = r % 3 == 0 ? -INFINITY : r % 3 == 1 ? NAN : 0.5f;
+            u[r] = r % 5 == 0 ? NAN : 1.0f;
+        }
+        CHECK(uk->exp_lse(1, N, s, N, u) != 0);
+        int wrong = 0;
+        for (int r = 0; r < N; r++) {
+            if (r % 3 == 0)
+                wrong += !(s[r] == 0.0f && signbit(s[r]));
+            else if (r % 3 == 1 || r % 5 == 0)
+                wrong += !isnan(s[r]);
+            else
+                wrong += !(fabs((double)s[r] - exp(-0.5)) < 1e-6);
+        }
+        CHECK_MSG(wrong == 0, "%s exp_lse: %d special values wrong", uk->name, wrong);
+    }
+}
+
+/* ---- the sweep ------------------------------------------------------------------------------ */
+
+static void test_shapes(void) {
+    static const int64_t lens[][2] = {{1, 1},     {1, 2},   {2, 1},   {3, 17},   {17, 3},
+                                      {63, 65},   {64, 64}, {65, 63}, {1, 130},  {130, 1},
+                                      {129, 129}, {3, 199}, {199, 3}, {127, 193}};
+    for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++) {
+        fb_case c = plain(2, 2, lens[n][0], lens[n][1], 16, 16);
+        c.seed = 10 + n;
+        char name[64];
+        snprintf(name, sizeof name, "Lq=%lld Lk=%lld", (long long)lens[n][0],
+                 (long long)lens[n][1]);
+        CHECK_MSG(run_case(name, &c), "%s", name);
+    }
+    static const int64_t dims[][2] = {{1, 1},   {3, 7},  {17, 33}, {64, 32}, {32, 128},
+                                      {65, 65}, {1, 65}, {80, 96}, {129, 17}};
+    for (size_t n = 0; n < sizeof dims / sizeof dims[0]; n++) {
+        fb_case c = plain(2, 1, 70, 67, dims[n][0], dims[n][1]);
+        c.seed = 40 + n;
+        char name[64];
+        snprintf(name, sizeof name, "Dk=%lld Dv=%lld GQA 2:1", (long long)dims[n][0],
+                 (long long)dims[n][1]);
+        CHECK_MSG(run_case(name, &c), "%s", name);
+    }
+    fb_case c = plain(3, 3, 33, 41, 8, 8);
+    c.d.B = 3;
+    c.p.scale = -0.3f;
+    CHECK(run_case("B=3, scale=-0.3", &c));
+}
+
+static void test_causal_and_windows(void) {
+    static const int64_t lens[][2] = {{65, 129}, {129, 65}, {64, 64}, {1, 70}, {70, 1}};
+    for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
+        for (int align = 0; align < 2; align++) {
+            fb_case c = plain(2, 1, lens[n][0], lens[n][1], 24, 24);
+            c.p.causal = 1;
+            c.p.align = align ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+            c.seed = 60 + n;
+            char name[64];
+            snprintf(name, sizeof name, "causal %s Lq=%lld Lk=%lld", align ? "BR" : "TL",
+                     (long long)lens[n][0], (long long)lens[n][1]);
+            CHECK_MSG(run_case(name, &c), "%s", name);
+        }
+    static const int64_t windows[][2] = {{5, 3}, {0, 0}, {-1, 7}, {20, -1}, {300, 300}, {70, 0}};
+    for (size_t n = 0; n < sizeof windows / sizeof windows[0]; n++) {
+        fb_case c = plain(2, 2, 150, 140, 16, 20);
+        c.p.use_window = 1;
+        c.p.window_left = windows[n][0];
+        c.p.window_right = windows[n][1];
+        c.p.align = n % 2 ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+        c.seed = 70 + n;
+        char name[64];
+        snprintf(name, sizeof name, "window (%lld, %lld)", (long long)windows[n][0],
+                 (long long)windows[n][1]);
+        CHECK_MSG(run_case(name, &c), "%s", name);
+    }
+}
+
+static void test_masks_softcap_alibi(void) {
+    fb_case c = plain(2, 2, 70, 90, 16, 16);
+    c.mask = MASK_BOOL;
+    CHECK(run_case("bool mask, every 4th row hidden", &c));
+    c.mask = MASK_ADD;
+    c.d.B = 2;
+    CHECK(run_case("additive f32 mask, B=2", &c));
+    c = plain(4, 2, 65, 65, 32, 32);
+    c.mask = MASK_ADD_F16_BCAST;
+    c.p.causal = 1;
+    CHECK(run_case("additive f16 mask (1,1,Lq,Lk), causal", &c));
+    c = plain(2, 2, 80, 100, 32, 32);
+    c.p.softcap = 3.0f;
+    CHECK(run_case("softcap 3", &c));
+    c.p.softcap = 0.0f;
+    c.alibi = 1;
+    CHECK(run_case("ALiBi", &c));
+    c.p.softcap = 5.0f;
+    c.p.causal = 1;
+    c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    c.mask = MASK_BOOL;
+    CHECK(run_case("softcap ALiBi bool mask causal BR", &c));
+}
+
+static void test_heads(void) {
+    static const int64_t heads[][2] = {{6, 2}, {6, 1}, {8, 2}, {12, 4}};
+    for (size_t n = 0; n < sizeof heads / sizeof heads[0]; n++) {
+        fb_case c = plain(heads[n][0], heads[n][1], 67, 75, 16, 8);
+        c.p.causal = n % 2;
+        c.seed = 90 + n;
+        char name[64];
+        snprintf(name, sizeof name, "Hq=%lld Hkv=%lld causal=%d", (long long)heads[n][0],
+                 (long long)heads[n][1], c.p.causal);
+        CHECK_MSG(run_case(name, &c), "%s", name);
+    }
+}
+
+static void test_layouts_and_storage(void) {
+    fb_case c = plain(4, 2, 66, 70, 20, 12);
+    c.layout = TU_BLHD;
+    CHECK(run_case("(B, L, H, D)", &c));
+    c.pad = 5;
+    c.offset = 3;
+    c.layout = TU_BHLD;
+    CHECK(run_case("row stride D + 5, offset 3", &c));
+    c.layout = TU_BLHD;
+    c.dt = SDPA_F16;
+    CHECK(run_case("f16, (B, L, H, D) padded", &c));
+    c.dt = SDPA_BF16;
+    c.p.causal = 1;
+    CHECK(run_case("bf16 causal, (B, L, H, D) padded", &c));
+    c = plain(2, 2, 130, 129, 64, 64);
+    c.dt = SDPA_F16;
+    c.mask = MASK_ADD;
+    CHECK(run_case("f16, additive mask, D=64", &c));
+}
+
+static void test_dropout(void) {
+    fb_case c = plain(4, 2, 70, 80, 16, 24);
+    c.p.dropout_p = 0.2f;
+    c.p.dropout_seed = 42;
+    c.p.dropout_offset = 3;
+    CHECK(run_case("dropout 0.2, GQA", &c));
+    c.p.causal = 1;
+    c.p.dropout_p = 0.5f;
+    c.mask = MASK_BOOL;
+    c.p.softcap = 4.0f;
+    c.dt = SDPA_BF16;
+    CHECK(run_case("dropout 0.5, causal, mask, softcap, bf16", &c));
+    c = plain(2, 2, 3, 131, 7, 9);
+    c.p.dropout_p = 0.3f;
+    c.p.dropout_seed = 9;
+    c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    c.p.use_window = 1;
+    c.p.window_left = 70;
+    c.p.window_right = 0;
+    CHECK(run_case("dropout 0.3, window (70, 0) BR, Lq=3", &c));
+}
+
+/* ---- NaN, determinism, memory --------------------------------------------------------------- */
+
+/* NaN and Inf in K and V of keys no row may see reach no gradient: every gradient is bitwise
+ * the clean run's. Then key 77 poisoned where rows 77..114 see it (causal, window 37): exactly
+ * those rows' dq and the dk, dv of the keys they see (40..114) are NaN, everything else bitwise
+ * the clean run's. At every level. */
+static void test_hidden_nan(void) {
+    enum { L = 150, LK = 160, D = 24 };
+    for (int variant = 0; variant < 2; variant++) {
+        fb_case c = plain(4, 2, L, LK, D, D);
+        c.p.causal = 1;
+        c.p.use_window = 1;
+        c.p.window_left = 37;
+        c.seed = 123;
+        fb_tensors clean, dirty;
+        make(&c, &clean);
+        make(&c, &dirty);
+        tu_tensor mask = tu_alloc(SDPA_BOOL, 1, 1, L, LK, TU_BHLD, 0, 0);
+        for (int i = 0; i < L; i++)
+            for (int j = 0; j < LK; j++)
+                tu_set(&mask.t, 0, 0, i, j, j % 7 != 3);
+        clean.p.mask = dirty.p.mask = &mask.t;
+        /* keys 150..159 are hidden from every row by the causal rule, keys 7n + 3 by the mask;
+         * with variant 1 key 77 (7 * 10 + 7, not masked) is poisoned too */
+        for (int h = 0; h < 2; h++)
+            for (int dd = 0; dd < D; dd++) {
+                for (int j = 3; j < LK; j += 7) {
+                    tu_set(&dirty.k.t, 0, h, j, dd, dd % 2 ? NAN : INFINITY);
+                    tu_set(&dirty.v.t, 0, h, j, dd, dd % 3 ? -INFINITY : NAN);
+                }
+                for (int j = L; j < LK; j++) {
+                    tu_set(&dirty.k.t, 0, h, j, dd, NAN);
+                    tu_set(&dirty.v.t, 0, h, j, dd, NAN);
+                }
+                if (variant == 1) {
+                    tu_set(&dirty.k.t, 0, h, 77, dd, NAN);
+                    tu_set(&dirty.v.t, 0, h, 77, dd, NAN);
+                }
+            }
+        sdpa_ctx *gen = tu_ctx(1, SDPA_ISA_GENERIC);
+        CHECK(tu_golden_forward(gen, &clean.q.t, &clean.k.t, &clean.v.t, &clean.p, &clean.o.t,
+                                &clean.lse.t) == SDPA_OK);
+        CHECK(tu_golden_forward(gen, &dirty.q.t, &dirty.k.t, &dirty.v.t, &dirty.p, &dirty.o.t,
+                                &dirty.lse.t) == SDPA_OK);
+        sdpa_ctx_destroy(gen);
+        tu_impl impls[TU_MAX_IMPLS];
+        const int n_impls = tu_impls(impls);
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs)
+                continue;
+            sdpa_ctx *ctx = tu_ctx(3, impls[n].level);
+            CHECK_INT_EQ(backward(ctx, &clean), SDPA_OK);
+            CHECK_INT_EQ(backward(ctx, &dirty), SDPA_OK);
+            sdpa_ctx_destroy(ctx);
+            int64_t differ = 0, not_nan = 0;
+            for (int h = 0; h < 4; h++)
+                for (int i = 0; i < L; i++) {
+                    const int sees77 = variant == 1 && i >= 77 && i <= 77 + 37;
+                    for (int dd = 0; dd < D; dd++) {
+                        const float a = (float)tu_get(&clean.dq.t, 0, h, i, dd);
+                        const float b = (float)tu_get(&dirty.dq.t, 0, h, i, dd);
+                        if (sees77)
+                            not_nan += !isnan(b);
+                        else
+                            differ += memcmp(&a, &b, sizeof a) != 0;
+                    }
+                }
+            for (int hk = 0; hk < 2; hk++)
+                for (int j = 0; j < LK; j++) {
+                    /* seen by a NaN row, and not hidden from it by the mask */
+                    const int nan_key = variant == 1 && j >= 40 && j <= 114 && j % 7 != 3;
+                    for (int dd = 0; dd < D; dd++) {
+                        const tu_tensor *g[4] = {&clean.dk, &dirty.dk, &clean.dv, &dirty.dv};
+                        for (int x = 0; x < 2; x++) {
+                            const float a = (float)tu_get(&g[2 * x]->t, 0, hk, j, dd);
+                            const float b = (float)tu_get(&g[2 * x + 1]->t, 0, hk, j, dd);
+                            if (nan_key)
+                                not_nan += !isnan(b);
+                            else
+                                differ += memcmp(&a, &b, sizeof a) != 0;
+                        }
+                    }
+                }
+            CHECK_MSG(differ == 0, "[%s] variant %d: %lld gradients differ from the clean run",
+                      impls[n].name, variant, (long long)differ);
+            CHECK_MSG(not_nan == 0, "[%s] variant %d: %lld gradients that see key 77 not NaN",
+                      impls[n].name, variant, (long long)not_nan);
+        }
+        tu_free(&mask);
+        release(&clean);
+        release(&dirty);
+    }
+}
+
+/* NaN in a row of q (a NaN row) and in one element of dout, with hidden pairs in the same
+ * tiles (causal, a mask) and dropout: the gradients are NaN exactly where the reference's are
+ * (the rule compares the positions of non-finite values): a NaN row's dq and the dk, dv of the
+ * keys it sees, dropped ones included; dout's NaN in column 1 of those keys' dv and in the
+ * row's dq and their dk; nothing of either in keys the row cannot see. */
+static void test_nan_rows(void) {
+    fb_case c = plain(2, 1, 70, 75, 16, 8);
+    c.p.causal = 1;
+    c.mask = MASK_BOOL;
+    c.nan_q = 40;
+    CHECK(run_case("NaN in q row 39, causal, bool mask", &c));
+    c.nan_q = 0;
+    c.nan_dout = 68;
+    CHECK(run_case("NaN in dout row 67, causal, bool mask", &c));
+    c.p.dropout_p = 0.4f;
+    c.p.dropout_seed = 11;
+    CHECK(run_case("NaN in dout row 67, causal, mask, dropout", &c));
+    c.nan_q = 3;
+    CHECK(run_case("NaN in q row 2 and dout row 67, dropout", &c));
+}
+
+/* Bitwise the same gradients for 1, 2, 3, 4, 7 and 16 threads and on repeated calls, per level,
+ * on problems with many tasks of both kinds and every feature that changes the tiles' work. */
+static void test_deterministic(void) {
+    static const int threads[] = {1, 2, 3, 4, 7, 16};
+    for (int variant = 0; variant < 2; variant++) {
+        fb_case c = plain(6, 2, 200, 190, 40, 24);
+        c.d.B = 2;
+        c.p.causal = 1;
+        c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+        if (variant == 1) {
+            c.dt = SDPA_BF16;
+            c.layout = TU_BLHD;
+            c.mask = MASK_ADD;
+            c.alibi = 1;
+            c.p.softcap = 6.0f;
+            c.p.dropout_p = 0.25f;
+            c.p.dropout_seed = 5;
+        }
+        fb_tensors t;
+        make(&c, &t);
+        sdpa_ctx *gen = tu_ctx(1, SDPA_ISA_GENERIC);
+        CHECK(tu_golden_forward(gen, &t.q.t, &t.k.t, &t.v.t, &t.p, &t.o.t, &t.lse.t) == SDPA_OK);
+        sdpa_ctx_destroy(gen);
+        tu_impl impls[TU_MAX_IMPLS];
+        const int n_impls = tu_impls(impls);
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs) {
+                printf("    determinism [%s] skipped: the CPU lacks %s\n", impls[n].name,
+                       impls[n].missing);
+                continue;
+            }
+            void *want[3] = {NULL, NULL, NULL};
+            tu_tensor *got[3] = {&t.dq, &t.dk, &t.dv};
+            for (size_t th = 0; th < sizeof threads / sizeof threads[0]; th++) {
+                sdpa_ctx *ctx = tu_ctx(threads[th], impls[n].level);
+                for (int rep = 0; rep < 2; rep++) {
+                    CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
+                    for (int x = 0; x < 3; x++) {
+                        if (want[x] == NULL) {
+                            want[x] = malloc(got[x]->bytes);
+                            memcpy(want[x], got[x]->buf, got[x]->bytes);
+                        }
+                        CHECK_MSG(memcmp(want[x], got[x]->buf, got[x]->bytes) == 0,
+                                  "[%s] variant %d, %d threads, call %d: gradient %d differs",
+                                  impls[n].name, variant, threads[th], rep + 1, x);
+                    }
+                }
+                sdpa_ctx_destroy(ctx);
+            }
+            for (int x = 0; x < 3; x++)
+                free(want[x]);
+            printf("    determinism [%s] variant %d: 1..16 threads, same bytes\n", impls[n].name,
+                   variant);
+        }
+        release(&t);
+    }
+}
+
+typedef struct failing_alloc {
+    int fail;
+    long outstanding;
+} failing_alloc;
+
+static void *fa_alloc(size_t size, size_t align, void *user) {
+    failing_alloc *fa = user;
+    void *p = NULL;
+    if (fa->fail || posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size))
+        return NULL;
+    fa->outstanding++;
+    return p;
+}
+
+static void fa_free(void *ptr, void *user) {
+    ((failing_alloc *)user)->outstanding--;
+    free(ptr);
+}
+
+/* No memory: SDPA_ERR_NOMEM naming the flash backward, nothing written, nothing leaked. */
+static void test_nomem(void) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    fb_case c = plain(2, 2, 40, 50, 8, 8);
+    fb_tensors t;
+    make(&c, &t);
+    sdpa_ctx *gen = tu_ctx(1, SDPA_ISA_GENERIC);
+    CHECK(tu_golden_forward(gen, &t.q.t, &t.k.t, &t.v.t, &t.p, &t.o.t, &t.lse.t) == SDPA_OK);
+    sdpa_ctx_destroy(gen);
+    for (int n = 0; n < n_impls; n++) {
+        if (!impls[n].runs)
+            continue;
+        failing_alloc fa = {0, 0};
+        sdpa_ctx_params cp = {0};
+        cp.n_threads = 2;
+        cp.max_isa = impls[n].level;
+        cp.allocator = (sdpa_allocator){fa_alloc, fa_free, &fa};
+        sdpa_ctx *ctx = NULL;
+        CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
+        tu_fill_canary(&t.dq);
+        tu_fill_canary(&t.dk);
+        tu_fill_canary(&t.dv);
+        const long before = fa.outstanding;
+        fa.fail = 1;
+        CHECK_INT_EQ(backward(ctx, &t), SDPA_ERR_NOMEM);
+        CHECK_STR_CONTAINS(sdpa_ctx_last_error(ctx), "flash backward");
+        CHECK(tu_is_canary(&t.dq) && tu_is_canary(&t.dk) && tu_is_canary(&t.dv));
+        fa.fail = 0;
+        CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
+        CHECK_INT_EQ(fa.outstanding, before);
+        sdpa_ctx_destroy(ctx);
+    }
+    release(&t);
+}
+
+int main(int argc, char **argv) {
+    tu_report_impls();
+    return CHECK_RUN(argc, argv, CASE(test_exp_lse), CASE(test_shapes),
+                     CASE(test_causal_and_windows), CASE(test_masks_softcap_alibi),
+                     CASE(test_heads), CASE(test_layouts_and_storage), CASE(test_dropout),
+                     CASE(test_hidden_nan), CASE(test_nan_rows), CASE(test_deterministic),
+                     CASE(test_nomem));
+}
