@@ -1,7 +1,8 @@
 /*
- * fuzz_api.c — libFuzzer target: sdpa_forward and sdpa_weights on fuzzed arguments, checked
- * differentially against the reference (src/ref/, called directly through tu_golden_forward)
- * and the same-precision naive baseline (tu_naive_forward), with the tolerance rule of
+ * fuzz_api.c — libFuzzer target: sdpa_forward, sdpa_weights and sdpa_backward on fuzzed
+ * arguments, checked differentially against the reference (src/ref/, called directly through
+ * tu_golden_forward and sdpa__ref_backward) and a same-precision naive baseline
+ * (tu_naive_forward; fuzz_api_backward.c for the gradients), with the tolerance rule of
  * docs/testing.md.
  *
  * The input is read from both ends (as zstd's fuzz_data_producer does): parameters from the
@@ -27,7 +28,14 @@
  *   - sdpa_weights on the same arguments: rows in [0, 1] summing to 1 within 1e-5, exactly 0
  *     where a key is hidden, all 0 where the golden LSE is -inf; where the golden LSE is NaN
  *     (a NaN or +inf score, e.g. a q.k beyond FLT_MAX), NaN or 0 with at least one NaN, as
- *     sdpa_forward's row is NaN there: the two calls follow one rule on scores.
+ *     sdpa_forward's row is NaN there: the two calls follow one rule on scores;
+ *   - sdpa_backward on the same arguments, with a drawn dout, dq, dk, dv and sometimes
+ *     dropout (fuzz_api_backward.c): invalid arguments refused (alone: with their status and
+ *     a message naming them), dq, dk, dv untouched on error, inputs (out, lse, dout too) never
+ *     written; on OK, dq, dk and dv pass the rule against the reference backward with a
+ *     first-order bound of f32 rounding per element, rows that see no key have dq = 0 and
+ *     keys no row sees dk = dv = 0, and a second call and another thread count give the
+ *     same bytes.
  *
  * Build and run: tests/fuzz/run_fuzz.sh api. The committed corpus (tests/fuzz/corpus/api) is
  * replayed by tests/fuzz/replay.c as the CTest test fuzz_replay_api.
@@ -101,15 +109,19 @@ static void print_case(const fz_case *c) {
             (double)p->scale, (double)p->scale, p->causal, (int)p->align, p->use_window,
             (long long)p->window_left, (long long)p->window_right, (double)p->softcap,
             (double)p->softcap, p->alibi_slopes ? "yes" : "no", p->mask ? "yes" : "no");
+    if (c->drop_set)
+        fprintf(stderr, "  the backward's dropout: p=%a (%g) seed=%llu offset=%llu%s\n",
+                (double)c->drop_p, (double)c->drop_p, (unsigned long long)c->drop_seed,
+                (unsigned long long)c->drop_offset, c->dropout ? "" : " (not dropping)");
     if (p->alibi_slopes != NULL && ((uintptr_t)p->alibi_slopes & 3u) == 0) {
         fprintf(stderr, "  slopes:");
         for (int64_t h = 0; h < c->Hq; h++)
             fprintf(stderr, " %a", (double)p->alibi_slopes[h]);
         fputc('\n', stderr);
     }
-    const fz_tensor *const all[FZ_N_TENSORS] = {&c->q,   &c->k,   &c->v, &c->mask,
-                                                &c->out, &c->lse, &c->w};
-    for (int i = 0; i < FZ_N_TENSORS; i++)
+    const fz_tensor *const all[FZ_N_ALL] = {&c->q, &c->k,    &c->v,  &c->mask, &c->out, &c->lse,
+                                            &c->w, &c->dout, &c->dq, &c->dk,   &c->dv,  &c->blse};
+    for (int i = 0; i < FZ_N_ALL; i++)
         print_tensor(all[i]);
     for (int i = 0; i < c->n_inj; i++)
         fprintf(stderr, "  injected %s at %s(%lld, %lld, %lld, %lld)\n", inj_kind[c->inj[i].kind],
@@ -120,8 +132,22 @@ static void print_case(const fz_case *c) {
                 "  score beyond f32: q(%lld, %lld, %lld, :) = %g x k(%lld, %lld, %lld, :) = %g\n",
                 (long long)c->inf_q[0], (long long)c->inf_q[1], (long long)c->inf_q[2], c->inf_qv,
                 (long long)c->inf_k[0], (long long)c->inf_k[1], (long long)c->inf_k[2], c->inf_kv);
-    fprintf(stderr, "  invalid on purpose: common %d params %d forward %d weights %d:",
-            c->bad[FZ_BAD_COMMON], c->bad[FZ_BAD_PARAMS], c->bad[FZ_BAD_FWD], c->bad[FZ_BAD_W]);
+    fprintf(stderr, "  the backward's draw took %zu bytes of the input\n", c->bwd_bytes);
+    if (c->dout_nonfinite)
+        fprintf(stderr, "  injected a non-finite value at dout(%lld, %lld, %lld, %lld)\n",
+                (long long)c->dout_inj[0], (long long)c->dout_inj[1], (long long)c->dout_inj[2],
+                (long long)c->dout_inj[3]);
+    if (c->lse_odd)
+        fprintf(stderr, "  the backward's lse: %s\n",
+                c->lse_odd == 1   ? "viewed as f16"
+                : c->lse_odd == 2 ? "viewed as bf16"
+                : c->lse_odd == 3 ? "shape[3] = 2"
+                                  : "shape[2] = Lq + 1");
+    fprintf(stderr,
+            "  invalid on purpose: common %d params %d forward %d weights %d out-as-output %d "
+            "backward %d:",
+            c->n_bad[FZ_BAD_COMMON], c->n_bad[FZ_BAD_PARAMS], c->n_bad[FZ_BAD_FWD],
+            c->n_bad[FZ_BAD_W], c->n_bad[FZ_BAD_OUT], c->n_bad[FZ_BAD_BWD]);
     for (int i = 0; i < c->n_why; i++)
         fprintf(stderr, " %s;", c->why[i]);
     fputc('\n', stderr);
@@ -179,8 +205,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const sdpa_status st =
         sdpa_forward(c->ctx_null ? NULL : ctx, fz_arg(&c->q), fz_arg(&c->k), fz_arg(&c->v), pr,
                      fz_arg_out(&c->out), fz_arg_out(&c->lse));
-    const int bad =
-        c->bad[FZ_BAD_COMMON] || (c->bad[FZ_BAD_PARAMS] && !c->params_null) || c->bad[FZ_BAD_FWD];
+    const int bad = c->bad[FZ_BAD_COMMON] || (c->bad[FZ_BAD_PARAMS] && !c->params_null) ||
+                    c->bad[FZ_BAD_FWD] || c->bad[FZ_BAD_OUT];
     fz_check_status(c, st, ctx, "sdpa_forward", bad, !bad);
     fz_check_snapshot(c, &snap, "sdpa_forward");
     double *g_lse = NULL;
@@ -196,7 +222,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memcpy(ref_out, c->out.buf, c->out.bytes);
         if (ref_lse != NULL)
             memcpy(ref_lse, c->lse.buf, c->lse.bytes);
-        g_lse = fz_check_forward_result(c, ctx);
+        g_lse = fz_check_forward_result(c, ctx, fz_params(c));
         fz_check_same_bytes(c, ctx, ref_out, ref_lse, "a second call");
         fz_check_same_bytes(c, get_ctx(c->isa, c->t2), ref_out, ref_lse, "another thread count");
         fz_check_snapshot(c, &snap, "sdpa_forward (again)");
@@ -208,6 +234,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fz_check_snapshot(c, &snap, "sdpa_weights");
     }
     free(g_lse);
+    fz_check_backward(c, ctx, get_ctx(c->isa, c->t2), st == SDPA_OK);
+    fz_check_snapshot(c, &snap, "sdpa_backward");
     fz_free_snapshot(&snap);
     fz_free_case(c);
     current = NULL;

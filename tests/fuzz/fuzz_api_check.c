@@ -54,14 +54,13 @@ void fz_check_status(const fz_case *c, sdpa_status st, sdpa_ctx *ctx, const char
 
 /* Non-finite values exactly where the golden has them (NaN and Inf not told apart: where
  * an Inf meets a weight that underflows in f32 but not in double, Inf becomes NaN). */
-static void check_positions(const char *what, const double *test, const double *golden, size_t n) {
+void fz_check_positions(const char *what, const double *test, const double *golden, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (!isfinite(test[i]) != !isfinite(golden[i]))
             fz_violation("%s[%zu] = %g but the golden has %g", what, i, test[i], golden[i]);
 }
 
-/* The spacing of dtype dt's values at magnitude x (x > 0). */
-static double ulp_of(sdpa_dtype dt, double x) {
+double fz_ulp(sdpa_dtype dt, double x) {
     const int mant = dt == SDPA_F32 ? 23 : dt == SDPA_F16 ? 10 : 7;
     const int emin = dt == SDPA_F16 ? -14 : -126;
     int e;
@@ -77,7 +76,7 @@ static double ulp_of(sdpa_dtype dt, double x) {
  *   - it is at least `noise`, a first-order bound of what f32 arithmetic may add (see
  *     f32_noise): err(lp) can be luckily small (one row whose scores are exact, a baseline
  *     that takes exp in double) where flash's online softmax is a few ulps off.
- *   - rows marked `ill` (see ill_rows) are only held to the positions of non-finite values.
+ *   - rows marked `ill` (see fz_ill_rows) are only held to the positions of non-finite values.
  * Neither hides a semantic fault (a wrong key, bias or weight moves O by far more).
  * On failure, tu_rule prints the figures of the rule as written. */
 static int rule_ok(const char *what, const double *test, const double *lp, const double *golden,
@@ -102,7 +101,7 @@ static int rule_ok(const char *what, const double *test, const double *lp, const
         }
         if (isfinite(lp[i]))
             err_lp = fmax(err_lp, fabs(lp[i] - g));
-        floor_ = fmax(floor_, ulp_of(dt, fabs(g) + 0.3));
+        floor_ = fmax(floor_, fz_ulp(dt, fabs(g) + 0.3));
     }
     if (err_test <= k * err_lp + floor_)
         return 1;
@@ -133,8 +132,9 @@ static double max_abs(const sdpa_tensor *t) {
  *   ill-conditioned in f32 and left to the baseline);
  *   a weight p_j moves by up to 2 ds relatively, exp and the normalisation add a few u, and
  *   the sum over Lk keys (Lk + 8) u: dO <= max|v| (2 ds + (Lk + 8) u);
- *   LSE = m + log l: dLSE <= ds + (Lk + 8) u. */
-static void f32_noise(const fz_case *c, double *out, double *lse) {
+ *   LSE = m + log l: dLSE <= ds + (Lk + 8) u.
+ * fz_score_noise gives ds (the backward's bounds start from it), f32_noise dO and dLSE. */
+double fz_score_noise(const fz_case *c) {
     const sdpa_params *p = &c->params;
     const double u = 0x1p-24;
     const double scale = p->scale != 0.0f ? fabs((double)p->scale) : 1.0 / sqrt((double)c->Dk);
@@ -158,9 +158,34 @@ static void f32_noise(const fz_case *c, double *out, double *lse) {
                     }
         S += m;
     }
-    const double ds = (double)(c->Dk + 4) * u * S, acc = (double)(c->Lk + 8) * u;
+    return (double)(c->Dk + 4) * u * S;
+}
+
+static void f32_noise(const fz_case *c, double *out, double *lse) {
+    const double u = 0x1p-24;
+    const double ds = fz_score_noise(c), acc = (double)(c->Lk + 8) * u;
     *out = max_abs(&c->v.t) * (2.0 * ds + acc);
     *lse = ds + acc;
+}
+
+const sdpa_params *fz_params(const fz_case *c) {
+    return c->params_null ? NULL : &c->params;
+}
+
+const sdpa_params *fz_bwd_params(const fz_case *c, sdpa_params *tmp) {
+    if (c->params_null)
+        return NULL;
+    *tmp = c->params;
+    if (c->drop_set) {
+        tmp->dropout_p = c->drop_p;
+        tmp->dropout_seed = c->drop_seed;
+        tmp->dropout_offset = c->drop_offset;
+    }
+    return tmp;
+}
+
+double fz_zmax(const fz_case *c) {
+    return c->dropout ? 1.0 / (1.0 - (double)c->drop_p) : 1.0;
 }
 
 /* The mask's value for (b, h, i, j), through its broadcast extents. */
@@ -175,7 +200,7 @@ static double mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int
  * keeps it all. No f32 implementation can match the golden there, and the baseline in the
  * output dtype may not follow f32 either (in f16, -1e9 becomes -inf and the row looks fully
  * masked). Returns B*Hq*Lq flags (caller frees). */
-static unsigned char *ill_rows(const fz_case *c) {
+unsigned char *fz_ill_rows(const fz_case *c) {
     unsigned char *ill = calloc((size_t)(c->B * c->Hq * c->Lq), 1);
     const sdpa_tensor *m = c->params.mask;
     if (m == NULL || m->dtype == SDPA_BOOL)
@@ -260,8 +285,7 @@ sdpa_tensor *fz_arg_out(fz_tensor *f) {
     return !f->used || f->null_tensor ? NULL : &f->t;
 }
 
-double *fz_check_forward_result(fz_case *c, sdpa_ctx *ctx) {
-    const sdpa_params *pr = c->params_null ? NULL : &c->params;
+double *fz_check_forward_result(fz_case *c, sdpa_ctx *ctx, const sdpa_params *pr) {
     const int64_t rows = c->B * c->Hq * c->Lq;
     const size_t n_out = (size_t)(rows * c->Dv);
     tu_tensor gout = tu_alloc(SDPA_F32, c->B, c->Hq, c->Lq, c->Dv, TU_BHLD, 0, 0);
@@ -279,9 +303,9 @@ double *fz_check_forward_result(fz_case *c, sdpa_ctx *ctx) {
     if (c->nonfinite || c->huge_qk || c->huge_v) {
         /* ill-conditioned or non-finite: the positions of non-finite values are the contract
          * (no NaN where the golden is finite), the digits are not */
-        check_positions("out", t_o, g_o, n_out);
+        fz_check_positions("out", t_o, g_o, n_out);
         if (t_l != NULL)
-            check_positions("lse", t_l, g_l, (size_t)rows);
+            fz_check_positions("lse", t_l, g_l, (size_t)rows);
     } else {
         double *lp_o = malloc(n_out * sizeof *lp_o), *lp_l = malloc((size_t)rows * sizeof *lp_l);
         tu_naive_forward(&c->q.t, &c->k.t, &c->v.t, pr, (int)c->out.t.dtype, lp_o, lp_l);
@@ -290,7 +314,17 @@ double *fz_check_forward_result(fz_case *c, sdpa_ctx *ctx) {
          * the ratio already adapts, and NMSE would only flag the problem, not the library */
         double noise_o, noise_l;
         f32_noise(c, &noise_o, &noise_l);
-        unsigned char *ill = ill_rows(c);
+        if (pr != NULL && pr->dropout_p > 0.0f) {
+            /* tu_naive_forward knows no dropout: the baseline's out comes from the backward's
+             * oracle, which does (its LSE is the same either way), and a kept weight is
+             * scaled by up to 1 / (1 - p), and so is the noise of out */
+            fz_naive lpn;
+            fz_naive_run(c, (int)c->out.t.dtype, 0, &lpn);
+            memcpy(lp_o, lpn.o, n_out * sizeof *lp_o);
+            fz_naive_free(&lpn);
+            noise_o *= fz_zmax(c);
+        }
+        unsigned char *ill = fz_ill_rows(c);
         if (!rule_ok("out", t_o, lp_o, g_o, n_out, c->out.t.dtype, k, noise_o, ill, (size_t)c->Dv))
             fz_violation("out fails the tolerance rule against the golden (figures above)");
         if (t_l != NULL &&

@@ -39,7 +39,7 @@ static void make_strides(const fz_layout *ly, const int64_t sh[4], int64_t st[4]
 }
 
 void fz_alloc_tensor(fz_case *c, fz_tensor *f, sdpa_dtype dt, const int64_t sh[4], int output,
-                     fz_bad which, unsigned pick) {
+                     fz_bad which, fz_bad as_output, unsigned pick) {
     const fz_layout *ly = &f->ly;
     sdpa_tensor *t = &f->t;
     t->dtype = dt;
@@ -49,10 +49,10 @@ void fz_alloc_tensor(fz_case *c, fz_tensor *f, sdpa_dtype dt, const int64_t sh[4
     if (output && ly->zero) {
         for (int i = 0; i < 4; i++)
             if ((ly->zero >> i & 1u) && sh[i] > 1)
-                fz_note_bad(c, which, "output stride 0 over an extent > 1");
+                fz_note_bad(c, as_output, "output stride 0 over an extent > 1");
     }
     if (output && ly->overlap && sh[2] > 1)
-        fz_note_bad(c, which, "output rows overlap");
+        fz_note_bad(c, as_output, "output rows overlap");
     if (ly->huge) {
         /* the first dimension from `pick` on with an extent that makes the span overflow */
         const int64_t need = ly->huge == 4 ? 3 : 2;
