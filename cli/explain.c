@@ -26,8 +26,8 @@
 #include <string.h>
 
 static const char usage[] =
-    "usage: sdpa explain [--n N] [--d D] [--seed S] [--causal] [--no-color]\n"
-    "       sdpa explain --q Q.npy --k K.npy --v V.npy [--causal] [--no-color]\n"
+    "usage: sdpa explain [--n N] [--d D] [--seed S] [--causal] [--backward] [--no-color]\n"
+    "       sdpa explain --q Q.npy --k K.npy --v V.npy [--causal] [--backward] [--no-color]\n"
     "\n"
     "Walks through scaled dot-product attention, softmax(Q K^T / sqrt(d_k)) V, one\n"
     "step at a time on real numbers: the inputs, the scores Q K^T (one entry worked\n"
@@ -48,6 +48,9 @@ static const char usage[] =
     "  --v FILE     your own values, (Lk, d_v); --q, --k and --v go together, and\n"
     "               each extent is at most 16 (use 'sdpa run' for larger arrays)\n"
     "  --causal     token i may attend only to tokens j <= i (a decoder's mask)\n"
+    "  --backward   then the gradients, for the loss L = out.sum(): dV, dP, Delta, the\n"
+    "               softmax's derivative dS, dQ and dK, one entry of each worked out,\n"
+    "               checked by a finite difference and against sdpa_backward\n"
     "  --no-color   no colour, even on a terminal (so does a non-empty NO_COLOR);\n"
     "               output into a pipe or a file never has colour\n"
     "  -h, --help   this text\n"
@@ -55,6 +58,7 @@ static const char usage[] =
     "examples:\n"
     "  sdpa explain                     the classic example: 4 tokens, d = 8, seed 42\n"
     "  sdpa explain --causal            the same, with the causal mask\n"
+    "  sdpa explain --backward          ... and its gradients, step by step\n"
     "  sdpa explain --n 6 --d 16 --seed 7\n"
     "  sdpa explain --q q.npy --k k.npy --v v.npy\n"
     "  sdpa explain | less              (plain text: no colour in a pipe)\n"
@@ -419,6 +423,147 @@ static int step_check(explain *e) {
     return ok ? CLI_OK : CLI_RUNTIME;
 }
 
+/* ---- the backward (--backward) ---- */
+
+static void step_grad_v(explain *e) {
+    xp_heading(&e->out, ++e->step, "The backward: a loss, and dV");
+    xp_para(&e->out, 0, 0,
+            "Training needs the gradient of a loss with respect to Q, K and V. Take the "
+            "simplest loss, L = the sum of every entry of out (out.sum() in PyTorch): moving "
+            "any output entry by 1 moves L by 1, so dL/dout, written dO, is 1 everywhere. "
+            "The chain rule then runs the steps above backwards.");
+    xp_para(&e->out, 0, 0,
+            "First the values. Row i of out is sum_j weights[i, j] v_j, so moving v_j by 1 "
+            "moves out_i by weights[i, j]: dV_j = sum_i weights[i, j] dO_i, that is "
+            "dV = weights^T dO. With dO = 1, each row of dV is the column sum of the weights "
+            "for that key, repeated over its %d feature%s: how much attention key j "
+            "received in total.",
+            e->dv, e->dv == 1 ? "" : "s");
+    xp_grid(&e->out, "dV = weights^T dO", e->dvv, e->lk, e->dv, XP_AUTO, "v", NULL, 0, NULL);
+}
+
+static void step_grad_s(explain *e, int r) {
+    const int lk = e->lk;
+    xp_heading(&e->out, ++e->step, "Through the softmax: dS = P o (dP - Delta)");
+    xp_para(&e->out, 0, 0,
+            "How does L change when a weight moves? out_i gains v_j per unit of "
+            "weights[i, j], so dP[i, j] = dO_i . v_j; with dO = 1 that is the sum of v_j's "
+            "features, the same for every row:");
+    xp_grid(&e->out, "dP = dO V^T", e->dp, e->lq, lk, XP_AUTO, "q", "k", 0, NULL);
+    xp_para(&e->out, 0, 0,
+            "But the weights of a row are not free: they are a softmax, and they sum to 1. "
+            "Raising one score takes weight from every other key of the row, so the "
+            "softmax's derivative subtracts the row's weighted average of dP, "
+            "Delta_i = sum_j P[i, j] dP[i, j], which equals dO_i . out_i:\n"
+            "    dS[i, j] = P[i, j] (dP[i, j] - Delta_i)\n"
+            "where P is the weights. A masked key has P = 0 and gets nothing.");
+    char label[64], worked[160];
+    const int j = xp_argmax(e->w + r * lk, lk);
+    snprintf(label, sizeof label, "Delta_%d = ", r);
+    xp_sum sum;
+    xp_sum_begin(&sum, label);
+    for (int t = 0; t < lk; t++)
+        if (explain_visible(e, r, t))
+            xp_sum_product(&sum, e->w[r * lk + t], XP_FIXED3, e->dp[r * lk + t],
+                           xp_style(e->dp, e->lq * lk));
+    xp_sum_end(&sum, e->delta[r], xp_style(e->delta, e->lq));
+    xp_para(&e->out, 0, 0, "Row %d, the row worked out before:", r);
+    xp_sum_print(&e->out, &sum);
+    xp_para(&e->out, 0, 0, "and its largest weight's entry: %s.",
+            xp_glue(worked, sizeof worked, "dS[%d, %d] = %s x (%s - %s%s%s) = %s", r, j,
+                    xp_cell(e->w[r * lk + j], XP_FIXED3),
+                    xp_cell(e->dp[r * lk + j], xp_style(e->dp, e->lq * lk)),
+                    e->delta[r] < 0 ? "(" : "", xp_cell(e->delta[r], xp_style(e->delta, e->lq)),
+                    e->delta[r] < 0 ? ")" : "",
+                    xp_cell(e->ds[r * lk + j], xp_style(e->ds, e->lq * lk))));
+    xp_grid(&e->out, "dS = P o (dP - Delta)", e->ds, e->lq, lk, XP_AUTO, "q", "k", 0, NULL);
+}
+
+static void step_grad_qk(explain *e, int r) {
+    const int lk = e->lk, dk = e->dk;
+    xp_heading(&e->out, ++e->step, "Back through the scores: dQ and dK");
+    xp_para(&e->out, 0, 0,
+            "A scaled score is q_i . k_j / sqrt(d_k), so moving q_i moves it by k_j / "
+            "sqrt(d_k) and moving k_j by q_i / sqrt(d_k):\n"
+            "    dQ = dS K / sqrt(d_k)        dK = dS^T Q / sqrt(d_k)\n"
+            "Each query collects the keys it looked at, weighted by how the loss wants its "
+            "scores to move; each key collects the queries that looked at it.");
+    char label[64];
+    snprintf(label, sizeof label, "(dS K)[%d, 0] = ", r);
+    const double root = sqrt((double)dk);
+    xp_sum sum;
+    xp_sum_begin(&sum, label);
+    for (int j = 0; j < lk; j++)
+        if (explain_visible(e, r, j))
+            xp_sum_product(&sum, e->ds[r * lk + j], xp_style(e->ds, e->lq * lk),
+                           (double)e->k[j * dk], xp_style_f(e->k, lk * dk));
+    xp_sum_end(&sum, e->dq[r * dk] * root, XP_FIXED4);
+    char tail[128];
+    xp_para(&e->out, 0, 0, "One entry, row %d's first feature:", r);
+    xp_sum_print(&e->out, &sum);
+    xp_para(&e->out, 2, 4, "%s",
+            xp_glue(tail, sizeof tail, "dQ[%d, 0] = %.4f / %.4f = %.4f", r, e->dq[r * dk] * root,
+                    root, e->dq[r * dk]));
+    xp_grid(&e->out, "dQ = dS K / sqrt(d_k)", e->dq, e->lq, dk, XP_AUTO, "q", NULL, 0, NULL);
+    xp_grid(&e->out, "dK = dS^T Q / sqrt(d_k)", e->dkk, lk, dk, XP_AUTO, "k", NULL, 0, NULL);
+}
+
+static int step_grad_check(explain *e, int r) {
+    static float ldq[EXPLAIN_MAX_L * EXPLAIN_MAX_D], ldk[EXPLAIN_MAX_L * EXPLAIN_MAX_D],
+        ldv[EXPLAIN_MAX_L * EXPLAIN_MAX_D];
+    xp_heading(&e->out, ++e->step, "The check: a finite difference, and the library's backward");
+    const double h = 1e-6;
+    const double fd =
+        (explain_loss_moved_q(e, r, 0, h) - explain_loss_moved_q(e, r, 0, -h)) / (2 * h);
+    xp_para(&e->out, 0, 0,
+            "Is dQ[%d, 0] right? Move q_%d[0] by h = +-1e-6, recompute the loss from scratch "
+            "both times, and divide the change by 2h:",
+            r, r);
+    xp_para(&e->out, 2, 4,
+            "(L(q + h) - L(q - h)) / 2h = %.8f\n"
+            "dQ[%d, 0] from the chain rule = %.8f",
+            fd, r, e->dq[r * e->dk]);
+    sdpa_ctx *ctx;
+    sdpa_status st = sdpa_ctx_create(NULL, &ctx);
+    if (st != SDPA_OK) {
+        fprintf(stderr, "sdpa explain: cannot create a context: %s\n", sdpa_status_str(st));
+        return CLI_RUNTIME;
+    }
+    if (explain_library_backward(e, ctx, ldq, ldk, ldv) != SDPA_OK) {
+        fprintf(stderr, "sdpa explain: %s\n", sdpa_ctx_last_error(ctx));
+        sdpa_ctx_destroy(ctx);
+        return CLI_RUNTIME;
+    }
+    sdpa_ctx_destroy(ctx);
+    const double *mine[3] = {e->dq, e->dkk, e->dvv};
+    const float *lib[3] = {ldq, ldk, ldv};
+    const int n[3] = {e->lq * e->dk, e->lk * e->dk, e->lk * e->dv};
+    double diff[3] = {0, 0, 0}, big = 1.0;
+    for (int g = 0; g < 3; g++)
+        for (int t = 0; t < n[g]; t++) {
+            const double d = fabs((double)lib[g][t] - mine[g][t]);
+            diff[g] = d > diff[g] || isnan(d) ? d : diff[g];
+            big = fabs(mine[g][t]) > big ? fabs(mine[g][t]) : big;
+        }
+    xp_para(&e->out, 0, 0,
+            "sdpa_backward computes the same three gradients tile by tile in float32, "
+            "recomputing the weights from Q, K and the forward's log-sum-exp instead of "
+            "storing them (FlashAttention-2's way). Compared with the step-by-step numbers:");
+    xp_para(&e->out, 2, 4,
+            "dQ: max |sdpa_backward - step by step| = %.2e\n"
+            "dK: max |sdpa_backward - step by step| = %.2e\n"
+            "dV: max |sdpa_backward - step by step| = %.2e",
+            diff[0], diff[1], diff[2]);
+    /* the finite difference's own error is about h^2 plus the loss's rounding over h */
+    const int fd_ok = fabs(fd - e->dq[r * e->dk]) <= 1e-6 * (1.0 + fabs(e->dq[r * e->dk]));
+    const int ok = fd_ok && diff[0] <= 1e-5 * big && diff[1] <= 1e-5 * big && diff[2] <= 1e-5 * big;
+    xp_para(&e->out, 0, 0, "%s",
+            ok ? "All three agree: the gradients are those of the forward above."
+               : "They DO NOT agree: this is a bug, please report it with the command line "
+                 "above.");
+    return ok ? CLI_OK : CLI_RUNTIME;
+}
+
 /* The seeds' demonstration, through sdpa_weights: a single query [1] against three keys of
  * dimension 1 makes the scores equal to the keys times the scale we choose. */
 static int why_scale(explain *e) {
@@ -495,6 +640,10 @@ int cli_explain(int argc, char **argv) {
             e.causal = 1;
             continue;
         }
+        if (strcmp(a, "--backward") == 0) {
+            e.backward = 1;
+            continue;
+        }
         if (strcmp(a, "--no-color") == 0 || strcmp(a, "--no-colour") == 0) {
             no_color = 1;
             continue;
@@ -555,6 +704,8 @@ int cli_explain(int argc, char **argv) {
     }
     xp_out_init(&e.out, no_color);
     explain_compute(&e);
+    if (e.backward)
+        explain_backward(&e);
 
     xp_title(&e.out, "Scaled dot-product attention, step by step");
     xp_para(&e.out, 4, 4, "Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V");
@@ -580,6 +731,12 @@ int cli_explain(int argc, char **argv) {
     step_softmax(&e, r);
     step_output(&e, r);
     int rc = step_check(&e);
+    if (rc == CLI_OK && e.backward) {
+        step_grad_v(&e);
+        step_grad_s(&e, r);
+        step_grad_qk(&e, r);
+        rc = step_grad_check(&e, r);
+    }
     if (rc == CLI_OK || rc == CLI_RUNTIME) {
         const int rc2 = why_scale(&e);
         rc = rc != CLI_OK ? rc : rc2;

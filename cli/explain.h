@@ -37,6 +37,15 @@ typedef struct explain {
     double scaled[EXPLAIN_MAX_L * EXPLAIN_MAX_L]; /* scores / sqrt(d_k); -inf where masked */
     double w[EXPLAIN_MAX_L * EXPLAIN_MAX_L];      /* softmax of each row of scaled */
     double o[EXPLAIN_MAX_L * EXPLAIN_MAX_D];      /* w V */
+
+    /* the backward (--backward), for the loss L = sum of every entry of out: dO = 1 */
+    int backward;
+    double dp[EXPLAIN_MAX_L * EXPLAIN_MAX_L];  /* dP = dO V^T */
+    double delta[EXPLAIN_MAX_L];               /* Delta_i = dO_i . o_i */
+    double ds[EXPLAIN_MAX_L * EXPLAIN_MAX_L];  /* dS = P o (dP - Delta), 0 where masked */
+    double dq[EXPLAIN_MAX_L * EXPLAIN_MAX_D];  /* dS K / sqrt(d_k) */
+    double dkk[EXPLAIN_MAX_L * EXPLAIN_MAX_D]; /* dS^T Q / sqrt(d_k) */
+    double dvv[EXPLAIN_MAX_L * EXPLAIN_MAX_D]; /* P^T dO */
 } explain;
 
 /* ---- the inputs (explain_input.c) ------------------------------------------------------ */
@@ -61,6 +70,14 @@ int explain_visible(const explain *e, int i, int j);
 /* Fills scores, scaled, w and o from the inputs. */
 void explain_compute(explain *e);
 
+/* Fills dp, delta, ds, dq, dk and dvv from the forward's numbers (after explain_compute), for
+ * L = sum of out. */
+void explain_backward(explain *e);
+
+/* L = sum of out, recomputed in double from scratch with q[i * d_k + f] moved by h (the
+ * finite-difference check of one entry of dQ). */
+double explain_loss_moved_q(const explain *e, int i, int f, double h);
+
 /* Unbiased sample variance (torch.var's default) of n >= 2 numbers. */
 double explain_sample_var(const double *x, int n);
 double explain_sample_var_f(const float *x, int n);
@@ -73,5 +90,9 @@ int explain_most_spread_row(const explain *e);
  * weights (lq x lk) and sdpa_forward into out (lq x dv) and, unless NULL, lse (lq).
  * @return SDPA_OK, or the status of the call that failed (sdpa_ctx_last_error says why). */
 sdpa_status explain_library(explain *e, sdpa_ctx *ctx, float *weights, float *out, float *lse);
+
+/* sdpa_backward on the same inputs, with out and lse from sdpa_forward and dO = 1, into dq
+ * (lq x dk), dk (lk x dk), dv (lk x dv). @return SDPA_OK or the failing call's status. */
+sdpa_status explain_library_backward(explain *e, sdpa_ctx *ctx, float *dq, float *dk, float *dv);
 
 #endif /* SDPA_CLI_EXPLAIN_H */

@@ -157,6 +157,18 @@ expect causal_weights2 0 out 'q2 \[ 0\.000 0\.001 0\.999 +0 \] +1\.000000' -- --
 expect causal_output0 0 out 'o0 \[ +-3\.69 +0\.80 +9\.47 +-2\.52 +-6\.27 +-0\.84 +-3\.96 +-3\.32 \]' -- --causal
 expect causal_check 0 out '^Step 7\. The check' -- --causal
 expect causal_agree 0 out 'They agree to float32 rounding' -- --causal --n 16 --d 16 --seed 5
+
+echo "--backward"
+# the seeds' example carried through the gradients for L = out.sum(): dV is the weights'
+# column sums (row v2 of the seed-42 weights sums to 1.97), dS, dQ worked out, the finite
+# difference and sdpa_backward agreeing
+expect bwd_dv 0 out 'v2 \[ 1\.97 1\.97 1\.97 1\.97 1\.97 1\.97 1\.97 1\.97 \]' -- --backward
+expect bwd_delta 0 out 'Delta_2 = 0\.000\*\(-10\.33\)' -- --backward
+expect bwd_fd 0 out 'dQ\[2, 0\] from the chain rule = 0\.02191795' -- --backward
+expect bwd_fd_value 0 out '\(L\(q \+ h\) - L\(q - h\)\) / 2h = 0\.02191795' -- --backward
+expect bwd_agree 0 out 'All three agree' -- --backward
+expect bwd_causal_agree 0 out 'All three agree' -- --backward --causal --n 16 --d 16 --seed 5
+fits width_backward --backward --causal --n 16 --d 16 --seed 3
 expect other_seed 0 out 'They agree to float32 rounding' -- --n 6 --d 16 --seed 7
 expect wrapped 0 out 'columns 0-7 of 16 \(wrapped to fit 80 columns\)' -- --n 16 --d 16
 
