@@ -10,7 +10,10 @@ optional (its column is left out without it). Figures:
   1. the call overhead at B=1 H=1 L=1 D=64 (issue 14's target: within 3 us of the C call):
      the median of many Python calls (sdpa.scaled_dot_product_attention on numpy arrays,
      with a fixed context) minus the median of `sdpa bench` at the same shape, which times
-     sdpa_forward from C; both with the same thread count;
+     sdpa_forward from C; both with the same thread count. Measured --repeat times, Python
+     and C interleaved, then the median difference and its spread (min..max) across them.
+     Beside it, the same call without context= (this thread's default context) and through
+     the Python path that masks, torch tensors and bfloat16 take (the C fast path off);
   2. the prefill shape (default B=1 H=16 L=2048 D=64, f32): Python's sdpa, `sdpa bench`
      and torch.nn.functional.scaled_dot_product_attention, interleaved over --rounds rounds,
      medians, GFLOP/s = 4*B*H*L*L*D / time.
@@ -62,6 +65,8 @@ def main():
     ap.add_argument("--sdpa", default=os.path.join(ROOT, "build", "cli", "sdpa"))
     ap.add_argument("--shape", default="1,16,2048,2048,64", help="B,H,Lq,Lk,D of figure 2")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5, help="measurements of figure 1")
+    ap.add_argument("--no-prefill", action="store_true", help="figure 1 only")
     args = ap.parse_args()
     ctx = sdpa.Context(n_threads=args.threads)
     print("sdpa %s, kernel %s (isa %s), %d threads" % (sdpa.__version__, ctx.kernel, ctx.isa,
@@ -70,10 +75,31 @@ def main():
     # 1. call overhead
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 1, 1, 64)).astype(np.float32) for _ in range(3))
-    py = median_time(lambda: sdpa.scaled_dot_product_attention(q, k, v, context=ctx), 20000, 1.0)
-    c = c_median(args, "1,1,1,1,64", 20000, 1.0)
-    print("call overhead at B=1 H=1 L=1 D=64: Python %.2f us, C %.2f us, difference %.2f us"
-          % (py * 1e6, c * 1e6, (py - c) * 1e6))
+    f = sdpa.scaled_dot_product_attention
+    calls = {"context=ctx": lambda: f(q, k, v, context=ctx),
+             "default context": lambda: f(q, k, v),
+             "python path": lambda: f(q, k, v, context=ctx)}
+    fast = sdpa._fast_forward
+    diffs = {name: [] for name in calls}
+    for _ in range(max(1, args.repeat)):
+        c = c_median(args, "1,1,1,1,64", 20000, 1.0)
+        for name, fn in calls.items():
+            if name == "python path":
+                sdpa._fast_forward = lambda *a: NotImplemented
+            try:
+                py = median_time(fn, 20000, 1.0)
+            finally:
+                sdpa._fast_forward = fast
+            diffs[name].append(py - c)
+            if name == "context=ctx":
+                print("call overhead at B=1 H=1 L=1 D=64: Python %.2f us, C %.2f us, "
+                      "difference %.2f us" % (py * 1e6, c * 1e6, (py - c) * 1e6))
+    for name, ds in diffs.items():
+        print("  %-16s Python - C: median %.2f us, spread %.2f..%.2f us over %d runs%s"
+              % (name, statistics.median(ds) * 1e6, min(ds) * 1e6, max(ds) * 1e6, len(ds),
+                 " (the target)" if name == "context=ctx" else ""))
+    if args.no_prefill:
+        return
 
     # 2. a prefill shape, interleaved
     b, h, lq, lk, d = (int(x) for x in args.shape.split(","))

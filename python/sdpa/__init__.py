@@ -67,10 +67,11 @@ _local = threading.local()
 
 
 def _default_context():
-    ctx = getattr(_local, "ctx", None)
-    if ctx is None:
+    try:
+        return _local.ctx
+    except AttributeError:
         ctx = _local.ctx = Context()
-    return ctx
+        return ctx
 
 
 # ---- tensors ----------------------------------------------------------------------------
@@ -78,6 +79,9 @@ def _default_context():
 def _is_torch(x):
     return type(x).__module__.split(".")[0] == "torch"
 
+
+_sdpa.set_numpy(np.ndarray, np.empty, np.dtype(np.float32), np.dtype(np.float16))
+_fast_forward = _sdpa.fast_forward
 
 _NUMPY_CODES = {np.dtype(np.float32).num: _sdpa.F32, np.dtype(np.float16).num: _sdpa.F16,
                 np.dtype(np.bool_).num: _sdpa.BOOL}
@@ -294,8 +298,16 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     gives NaN). Errors: TypeError (dtypes, kinds), ValueError (shapes, parameters, a view the
     library cannot take), MemoryError.
     """
+    ctx = context if context is not None else _default_context()
+    # The common case (numpy arrays, no mask, no dropout, plain parameters) in C, in one call;
+    # NotImplemented for anything else, which the checks below take with their messages.
+    r = _fast_forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale,
+                      enable_gqa, window, alignment, softcap, alibi_slopes, return_lse,
+                      dropout_seed, dropout_offset)
+    if r is not NotImplemented:
+        return r
     pb = _Problem(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, window,
-                  alignment, softcap, alibi_slopes, dropout_seed, dropout_offset, context)
+                  alignment, softcap, alibi_slopes, dropout_seed, dropout_offset, ctx)
     out, out_v = _new_like(pb.kind, pb.lead + (pb.L, pb.Ev), pb.q_code)
     lse = lse_v = None
     if return_lse:

@@ -219,6 +219,69 @@ def test_unmergeable_leading_dims():
         sdpa.scaled_dot_product_attention(q, k, k)
 
 
+FAST_CASES = [
+    dict(shape=(2, 3, 5, 8)),
+    dict(shape=(5, 8)),
+    dict(shape=(3, 5, 8), is_causal=True, return_lse=True),
+    dict(shape=(2, 3, 4, 5, 8), return_lse=True, alignment="bottom-right", is_causal=True),
+    dict(shape=(1, 1, 3, 5, 8), window=(2, 0), softcap=3.0, scale=0.25),
+    dict(shape=(2, 1, 3, 5, 8), dropout_p=0, window=(-1, 1)),
+    dict(shape=(2, 3, 5, 8), dtype=np.float16, return_lse=True),
+    dict(shape=(2, 4, 5, 8), kv_heads=2, enable_gqa=True),
+    dict(shape=(2, 3, 5, 8), strided=True, return_lse=True),
+]
+
+
+@pytest.mark.parametrize("kw", FAST_CASES, ids=lambda kw: "-".join(map(str, kw["shape"])))
+def test_fast_path_matches_python_path(kw, monkeypatch):
+    # sdpa's common case runs in C (_sdpa.fast_forward); the same call through the Python
+    # path must give the same bits, and the fast path must have taken it
+    kw = dict(kw)
+    shape, dtype = kw.pop("shape"), kw.pop("dtype", np.float32)
+    kvh, strided = kw.pop("kv_heads", None), kw.pop("strided", False)
+    kshape = shape[:-3] + (kvh,) + shape[-2:] if kvh else shape
+    if strided:  # (B, L, H, E) memory seen as (B, H, L, E), keys reversed
+        q = randn(shape[0], shape[2], shape[1], shape[3], dtype=dtype).transpose(0, 2, 1, 3)
+        k = randn(kshape[0], kshape[2] + 2, kshape[1], kshape[3],
+                  dtype=dtype).transpose(0, 2, 1, 3)[:, :, ::-1][:, :, :kshape[2]]
+    else:
+        q, k = randn(*shape, dtype=dtype), randn(*kshape, dtype=dtype)
+    v = randn(*kshape[:-1], 6, dtype=dtype)
+    ctx = sdpa.Context(n_threads=2)
+    fast = sdpa._sdpa.fast_forward(ctx, q, k, v, None, kw.get("dropout_p", 0.0),
+                                   kw.get("is_causal", False), kw.get("scale"),
+                                   kw.get("enable_gqa", False), kw.get("window"),
+                                   kw.get("alignment", "top-left"), kw.get("softcap"), None,
+                                   kw.get("return_lse", False), None, None)
+    assert fast is not NotImplemented
+    got = sdpa.scaled_dot_product_attention(q, k, v, context=ctx, **kw)
+    monkeypatch.setattr(sdpa, "_fast_forward", lambda *a: NotImplemented)
+    want = sdpa.scaled_dot_product_attention(q, k, v, context=ctx, **kw)
+    for g, f, w in zip(*((x if isinstance(x, tuple) else (x,)) for x in (got, fast, want))):
+        assert g.shape == w.shape and g.dtype == w.dtype and g.flags.c_contiguous
+        assert np.array_equal(g, w) and np.array_equal(f, w)
+
+
+@pytest.mark.parametrize("change", [
+    dict(attn_mask=np.ones((5, 5), bool)), dict(dropout_p=0.1), dict(is_causal=1),
+    dict(scale=np.float64(0.5)), dict(scale=0.0), dict(window=[1, 1]), dict(alignment="x"),
+    dict(alibi_slopes=[0.5, 0.5, 0.5]), dict(return_lse=1), dict(dropout_seed=1),
+    dict(q=np.zeros((2, 3, 5, 8))), dict(q=np.zeros((2, 3, 0, 8), np.float32)),
+    dict(q=np.zeros((4, 3, 2, 5, 8), np.float32).transpose(1, 0, 2, 3, 4)),
+    dict(q=np.zeros((2, 3, 5, 8), ">f4")), dict(k=np.zeros((2, 1, 5, 8), np.float32)),
+    dict(context="not a context"), dict(q=np.zeros((5,), np.float32)),
+])
+def test_fast_path_leaves_the_rest_to_python(change):
+    q = change.get("q", np.zeros((2, 3, 5, 8), np.float32))
+    k = change.get("k", np.zeros((2, 3, 5, 8), np.float32))
+    kw = dict(attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+              window=None, alignment="top-left", softcap=None, alibi_slopes=None,
+              return_lse=False, dropout_seed=None, dropout_offset=None)
+    kw.update((n, x) for n, x in change.items() if n in kw)
+    ctx = change.get("context", sdpa.Context(n_threads=1))
+    assert sdpa._sdpa.fast_forward(ctx, q, k, k, *kw.values()) is NotImplemented
+
+
 def test_contexts_and_determinism():
     q, k, v = randn(1, 8, 200, 32), randn(1, 8, 300, 32), randn(1, 8, 300, 32)
     outs = [sdpa.scaled_dot_product_attention(q, k, v, context=sdpa.Context(n_threads=n))
