@@ -14,10 +14,15 @@
  * in keys hidden from every row reach no gradient (bitwise the clean run's), and a key that some
  * rows see makes exactly their gradients NaN; bitwise identical results for 1 to 16 threads and
  * on repeated calls; and running out of memory. Levels the CPU lacks are reported as skipped.
+ * The backward's own schedules are reached through its internal tuning hook
+ * (sdpa__flash_backward_tuned): the one-pass schedule in several waves (bitwise the one-wave
+ * result), with fewer chunks, and with several key blocks to a step (bitwise one at a time),
+ * and the two kinds of task it falls back to, each by the rule and for 1 to 16 threads.
  */
 #include "check.h"
 #include "testutil.h"
 
+#include "../src/attn/flash.h"
 #include "../src/core/half.h"
 #include "../src/core/philox.h"
 #include "../src/core/validate.h"
@@ -43,12 +48,17 @@ typedef struct fb_case {
     int64_t nan_q;       /* > 0: q[0, 0, nan_q - 1, 0] is NaN (a NaN row) */
     int64_t nan_dout;    /* > 0: dout[0, 0, nan_dout - 1, 1] is NaN */
     uint64_t seed;
+    int tuned;               /* run the flash backward with these tunables (dq_budget 0: the */
+    sdpa__bwd_tuning tuning; /* schedule of two kinds of task) instead of sdpa_backward */
 } fb_case;
 
 typedef struct fb_tensors {
     tu_tensor q, k, v, o, lse, dout, dq, dk, dv, mask;
     float slopes[64];
     sdpa_params p;
+    int tuned; /* as in the case; then impl is the implementation to run */
+    sdpa__bwd_tuning tuning;
+    const sdpa__impl *impl;
 } fb_tensors;
 
 static fb_case plain(int64_t hq, int64_t hkv, int64_t lq, int64_t lk, int64_t dk, int64_t dv) {
@@ -83,6 +93,8 @@ static void make(const fb_case *c, fb_tensors *t) {
     if (c->nan_dout > 0)
         tu_set(&t->dout.t, 0, 0, c->nan_dout - 1, d.Dv > 1 ? 1 : 0, NAN);
     t->p = c->p;
+    t->tuned = c->tuned;
+    t->tuning = c->tuning;
     if (c->mask != MASK_NONE) {
         const int bcast = c->mask == MASK_ADD_F16_BCAST;
         const sdpa_dtype mdt = c->mask == MASK_BOOL ? SDPA_BOOL : bcast ? SDPA_F16 : SDPA_F32;
@@ -112,9 +124,20 @@ static void release(fb_tensors *t) {
         tu_free(all[n]);
 }
 
+/* sdpa_backward, or with t->tuned the flash backward of t->impl with t->tuning (the internal
+ * hook that makes the one-pass schedule run in several waves, with fewer chunks or several key
+ * blocks to a step, or fall back to two kinds of task). */
 static sdpa_status backward(sdpa_ctx *ctx, fb_tensors *t) {
-    return sdpa_backward(ctx, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t, &t->dout.t, &t->p,
-                         &t->dq.t, &t->dk.t, &t->dv.t);
+    if (!t->tuned)
+        return sdpa_backward(ctx, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t, &t->dout.t, &t->p,
+                             &t->dq.t, &t->dk.t, &t->dv.t);
+    sdpa__problem p;
+    sdpa_status st = sdpa__check_backward(ctx, &t->q.t, &t->k.t, &t->v.t, &t->o.t, &t->lse.t,
+                                          &t->dout.t, &t->p, &t->dq.t, &t->dk.t, &t->dv.t, &p);
+    if (st == SDPA_OK)
+        st = sdpa__flash_backward_tuned(t->impl, ctx, &p, &t->o.t, &t->lse.t, &t->dout.t, &t->dq.t,
+                                        &t->dk.t, &t->dv.t, &t->tuning);
+    return st;
 }
 
 /* The golden: the reference forward (out in the case's storage, as a training step would
@@ -432,6 +455,7 @@ static int run_case(const char *name, const fb_case *c) {
         }
         sdpa_ctx *ctx = tu_ctx(2, impls[n].level);
         sdpa_status st;
+        t.impl = impls[n].impl;
         int all = backward_writes_exactly(ctx, &t, &st);
         CHECK_MSG(st == SDPA_OK, "%s [%s]: %s", name, impls[n].name, sdpa_ctx_last_error(ctx));
         sdpa_ctx_destroy(ctx);
@@ -668,20 +692,56 @@ static void test_dropout(void) {
     CHECK(run_case("dropout 0.3, window (70, 0) BR, Lq=3", &c));
 }
 
+/* The schedule of two kinds of task (budget 0: no dQ partials), which problems too large for
+ * the budget take: the features that change the tiles' work, by the rule at every level. */
+static void test_two_kinds(void) {
+    fb_case c = plain(4, 2, 130, 129, 24, 20);
+    c.tuned = 1;
+    CHECK(run_case("two kinds: GQA, lengths around the blocks", &c));
+    c.p.causal = 1;
+    c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    c.mask = MASK_BOOL;
+    c.alibi = 1;
+    c.p.softcap = 5.0f;
+    CHECK(run_case("two kinds: causal BR, bool mask, ALiBi, softcap", &c));
+    c = plain(2, 2, 150, 140, 16, 20);
+    c.tuned = 1;
+    c.p.use_window = 1;
+    c.p.window_left = 20;
+    c.p.window_right = 3;
+    c.mask = MASK_ADD;
+    c.dt = SDPA_F16;
+    CHECK(run_case("two kinds: window (20, 3), additive mask, f16", &c));
+    c = plain(2, 1, 70, 75, 16, 8);
+    c.tuned = 1;
+    c.p.causal = 1;
+    c.mask = MASK_BOOL;
+    c.nan_q = 3;
+    c.nan_dout = 68;
+    c.p.dropout_p = 0.4f;
+    c.p.dropout_seed = 11;
+    CHECK(run_case("two kinds: NaN rows, causal, mask, dropout", &c));
+}
+
 /* ---- NaN, determinism, memory --------------------------------------------------------------- */
 
 /* NaN and Inf in K and V of keys no row may see reach no gradient: every gradient is bitwise
  * the clean run's. Then key 77 poisoned where rows 77..114 see it (causal, window 37): exactly
  * those rows' dq and the dk, dv of the keys they see (40..114) are NaN, everything else bitwise
- * the clean run's. At every level. */
+ * the clean run's. At every level, in the one-pass schedule (one and three key blocks at a
+ * time) and in the two-kind one. */
 static void test_hidden_nan(void) {
     enum { L = 150, LK = 160, D = 24 };
-    for (int variant = 0; variant < 2; variant++) {
+    for (int variant = 0; variant < 6; variant++) {
         fb_case c = plain(4, 2, L, LK, D, D);
         c.p.causal = 1;
         c.p.use_window = 1;
         c.p.window_left = 37;
         c.seed = 123;
+        /* variants 2, 3: budget 0, two kinds of task; 4, 5: key blocks 3 at a time */
+        c.tuned = variant >= 2;
+        c.tuning.dq_budget = variant >= 4 ? (size_t)32 << 20 : 0;
+        c.tuning.key_group = variant >= 4 ? 3 : 0;
         fb_tensors clean, dirty;
         make(&c, &clean);
         make(&c, &dirty);
@@ -691,7 +751,7 @@ static void test_hidden_nan(void) {
                 tu_set(&mask.t, 0, 0, i, j, j % 7 != 3);
         clean.p.mask = dirty.p.mask = &mask.t;
         /* keys 150..159 are hidden from every row by the causal rule, keys 7n + 3 by the mask;
-         * with variant 1 key 77 (7 * 10 + 7, not masked) is poisoned too */
+         * with an odd variant key 77 (7 * 10 + 7, not masked) is poisoned too */
         for (int h = 0; h < 2; h++)
             for (int dd = 0; dd < D; dd++) {
                 for (int j = 3; j < LK; j += 7) {
@@ -702,7 +762,7 @@ static void test_hidden_nan(void) {
                     tu_set(&dirty.k.t, 0, h, j, dd, NAN);
                     tu_set(&dirty.v.t, 0, h, j, dd, NAN);
                 }
-                if (variant == 1) {
+                if (variant % 2 == 1) {
                     tu_set(&dirty.k.t, 0, h, 77, dd, NAN);
                     tu_set(&dirty.v.t, 0, h, 77, dd, NAN);
                 }
@@ -719,13 +779,14 @@ static void test_hidden_nan(void) {
             if (!impls[n].runs)
                 continue;
             sdpa_ctx *ctx = tu_ctx(3, impls[n].level);
+            clean.impl = dirty.impl = impls[n].impl;
             CHECK_INT_EQ(backward(ctx, &clean), SDPA_OK);
             CHECK_INT_EQ(backward(ctx, &dirty), SDPA_OK);
             sdpa_ctx_destroy(ctx);
             int64_t differ = 0, not_nan = 0;
             for (int h = 0; h < 4; h++)
                 for (int i = 0; i < L; i++) {
-                    const int sees77 = variant == 1 && i >= 77 && i <= 77 + 37;
+                    const int sees77 = variant % 2 == 1 && i >= 77 && i <= 77 + 37;
                     for (int dd = 0; dd < D; dd++) {
                         const float a = (float)tu_get(&clean.dq.t, 0, h, i, dd);
                         const float b = (float)tu_get(&dirty.dq.t, 0, h, i, dd);
@@ -738,7 +799,7 @@ static void test_hidden_nan(void) {
             for (int hk = 0; hk < 2; hk++)
                 for (int j = 0; j < LK; j++) {
                     /* seen by a NaN row, and not hidden from it by the mask */
-                    const int nan_key = variant == 1 && j >= 40 && j <= 114 && j % 7 != 3;
+                    const int nan_key = variant % 2 == 1 && j >= 40 && j <= 114 && j % 7 != 3;
                     for (int dd = 0; dd < D; dd++) {
                         const tu_tensor *g[4] = {&clean.dk, &dirty.dk, &clean.dv, &dirty.dv};
                         for (int x = 0; x < 2; x++) {
@@ -783,16 +844,56 @@ static void test_nan_rows(void) {
     CHECK(run_case("NaN in q row 2 and dout row 67, dropout", &c));
 }
 
-/* Bitwise the same gradients for 1, 2, 3, 4, 7 and 16 threads and on repeated calls, per level,
- * on problems with many tasks of both kinds and every feature that changes the tiles' work. */
-static void test_deterministic(void) {
+/* The gradients of t at one level for 1, 2, 3, 4, 7 and 16 threads, two calls each: all the
+ * same bytes, which are left in want[] (the caller frees them). */
+static void same_bytes(const tu_impl *impl, fb_tensors *t, const char *what, void *want[3]) {
     static const int threads[] = {1, 2, 3, 4, 7, 16};
-    for (int variant = 0; variant < 2; variant++) {
+    tu_tensor *got[3] = {&t->dq, &t->dk, &t->dv};
+    for (int x = 0; x < 3; x++)
+        want[x] = NULL;
+    t->impl = impl->impl;
+    for (size_t th = 0; th < sizeof threads / sizeof threads[0]; th++) {
+        sdpa_ctx *ctx = tu_ctx(threads[th], impl->level);
+        for (int rep = 0; rep < 2; rep++) {
+            CHECK_INT_EQ(backward(ctx, t), SDPA_OK);
+            for (int x = 0; x < 3; x++) {
+                if (want[x] == NULL) {
+                    want[x] = malloc(got[x]->bytes);
+                    memcpy(want[x], got[x]->buf, got[x]->bytes);
+                }
+                CHECK_MSG(memcmp(want[x], got[x]->buf, got[x]->bytes) == 0,
+                          "[%s] %s, %d threads, call %d: gradient %d differs", impl->name, what,
+                          threads[th], rep + 1, x);
+            }
+        }
+        sdpa_ctx_destroy(ctx);
+    }
+    printf("    determinism [%s] %s: 1..16 threads, same bytes\n", impl->name, what);
+}
+
+static void free3(void *x[3]) {
+    for (int n = 0; n < 3; n++)
+        free(x[n]);
+}
+
+/* The case's tensors, with the golden forward's out and LSE. */
+static void make_with_forward(const fb_case *c, fb_tensors *t) {
+    make(c, t);
+    sdpa_ctx *gen = tu_ctx(1, SDPA_ISA_GENERIC);
+    CHECK(tu_golden_forward(gen, &t->q.t, &t->k.t, &t->v.t, &t->p, &t->o.t, &t->lse.t) == SDPA_OK);
+    sdpa_ctx_destroy(gen);
+}
+
+/* Bitwise the same gradients for 1, 2, 3, 4, 7 and 16 threads and on repeated calls, per level,
+ * on problems with several chunks of keys per (b, kv head) and every feature that changes the
+ * tiles' work, in the one-pass schedule and in the two-kind one (budget 0). */
+static void test_deterministic(void) {
+    for (int variant = 0; variant < 4; variant++) {
         fb_case c = plain(6, 2, 200, 190, 40, 24);
         c.d.B = 2;
         c.p.causal = 1;
         c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
-        if (variant == 1) {
+        if (variant % 2 == 1) {
             c.dt = SDPA_BF16;
             c.layout = TU_BLHD;
             c.mask = MASK_ADD;
@@ -801,11 +902,9 @@ static void test_deterministic(void) {
             c.p.dropout_p = 0.25f;
             c.p.dropout_seed = 5;
         }
+        c.tuned = variant >= 2;
         fb_tensors t;
-        make(&c, &t);
-        sdpa_ctx *gen = tu_ctx(1, SDPA_ISA_GENERIC);
-        CHECK(tu_golden_forward(gen, &t.q.t, &t.k.t, &t.v.t, &t.p, &t.o.t, &t.lse.t) == SDPA_OK);
-        sdpa_ctx_destroy(gen);
+        make_with_forward(&c, &t);
         tu_impl impls[TU_MAX_IMPLS];
         const int n_impls = tu_impls(impls);
         for (int n = 0; n < n_impls; n++) {
@@ -814,28 +913,155 @@ static void test_deterministic(void) {
                        impls[n].missing);
                 continue;
             }
-            void *want[3] = {NULL, NULL, NULL};
-            tu_tensor *got[3] = {&t.dq, &t.dk, &t.dv};
-            for (size_t th = 0; th < sizeof threads / sizeof threads[0]; th++) {
-                sdpa_ctx *ctx = tu_ctx(threads[th], impls[n].level);
-                for (int rep = 0; rep < 2; rep++) {
-                    CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
-                    for (int x = 0; x < 3; x++) {
-                        if (want[x] == NULL) {
-                            want[x] = malloc(got[x]->bytes);
-                            memcpy(want[x], got[x]->buf, got[x]->bytes);
-                        }
-                        CHECK_MSG(memcmp(want[x], got[x]->buf, got[x]->bytes) == 0,
-                                  "[%s] variant %d, %d threads, call %d: gradient %d differs",
-                                  impls[n].name, variant, threads[th], rep + 1, x);
-                    }
-                }
-                sdpa_ctx_destroy(ctx);
-            }
+            char what[64];
+            snprintf(what, sizeof what, "variant %d%s", variant % 2,
+                     c.tuned ? ", two kinds of task" : "");
+            void *want[3];
+            same_bytes(&impls[n], &t, what, want);
+            free3(want);
+        }
+        release(&t);
+    }
+}
+
+/* The one-pass schedule with its dQ partials bounded (the internal hook): 4 pairs (b, kv head)
+ * of 3 chunks each, run in waves of 1, 2 and 3 pairs, give bitwise the gradients of one wave
+ * (waves change no sum), for any thread count; bounds too small for a pair's 3 chunks give
+ * 2 chunks or two kinds of task, again the same bytes for any thread count, and by the
+ * gradient rule. Then one pair in 8 chunks (causal: balanced by the rows that see each block;
+ * one of them empty), in 4, in 2, and as two kinds of task. */
+static void test_deterministic_waves(void) {
+    fb_case c = plain(6, 2, 200, 190, 40, 24);
+    c.d.B = 2;
+    c.p.causal = 1;
+    c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    /* A pair's key blocks (causal, bottom-right, Lq - Lk = 10) are seen by rows 10.., 74.. and
+     * 138.. of 200: its 3 chunks' partials hold 3 heads x (190 + 126 + 62) rows of 40 floats
+     * rounded up to 48. With 2 chunks (the first block, then the other two) 3 x (190 + 126)
+     * rows; a budget below that leaves one chunk, one task to a wave: two kinds of task. */
+    const size_t pair = 3 * (190 + 126 + 62) * 48 * sizeof(float);
+    const size_t whole[] = {pair, 2 * pair, 3 * pair};
+    const size_t less[] = {3 * (190 + 126) * 48 * sizeof(float), pair / 2};
+    fb_tensors t;
+    make_with_forward(&c, &t);
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int n = 0; n < n_impls; n++) {
+        if (!impls[n].runs)
+            continue;
+        void *want[3], *got[3];
+        t.tuned = 0;
+        same_bytes(&impls[n], &t, "one wave", want);
+        for (size_t w = 0; w < sizeof whole / sizeof whole[0]; w++) {
+            char what[64];
+            snprintf(what, sizeof what, "waves of %zu pair(s)", w + 1);
+            t.tuned = 1;
+            t.tuning.dq_budget = whole[w];
+            same_bytes(&impls[n], &t, what, got);
             for (int x = 0; x < 3; x++)
-                free(want[x]);
-            printf("    determinism [%s] variant %d: 1..16 threads, same bytes\n", impls[n].name,
-                   variant);
+                CHECK_MSG(memcmp(want[x], got[x],
+                                 x == 0   ? t.dq.bytes
+                                 : x == 1 ? t.dk.bytes
+                                          : t.dv.bytes) == 0,
+                          "[%s] %s: gradient %d differs from one wave's", impls[n].name, what, x);
+            free3(got);
+        }
+        for (size_t w = 0; w < sizeof less / sizeof less[0]; w++) {
+            char what[64];
+            snprintf(what, sizeof what, "partials of %zu bytes", less[w]);
+            t.tuned = 1;
+            t.tuning.dq_budget = less[w];
+            same_bytes(&impls[n], &t, what, got);
+            free3(got);
+        }
+        free3(want);
+    }
+    release(&t);
+    for (size_t w = 0; w < sizeof less / sizeof less[0]; w++) {
+        c.tuned = 1;
+        c.tuning.dq_budget = less[w];
+        char name[64];
+        snprintf(name, sizeof name, "causal BR, partials of %zu bytes", less[w]);
+        CHECK_MSG(run_case(name, &c), "%s", name);
+    }
+
+    /* one pair, 10 key blocks: 8 chunks, or as many as fit (at most 2 x 600 x 16 floats each) */
+    fb_case one = plain(2, 1, 600, 600, 16, 16);
+    one.p.causal = 1;
+    one.seed = 7;
+    const size_t budgets[] = {0, 2 * 600 * 16 * sizeof(float) * 3,
+                              2 * 600 * 16 * sizeof(float) * 2};
+    for (size_t w = 0; w < sizeof budgets / sizeof budgets[0] + 1; w++) {
+        one.tuned = w > 0;
+        one.tuning.dq_budget = w > 0 ? budgets[w - 1] : 0;
+        char name[64];
+        snprintf(name, sizeof name, "one pair, causal 600, %s %zu",
+                 one.tuned ? "budget" : "default", one.tuning.dq_budget);
+        CHECK_MSG(run_case(name, &one), "%s", name);
+        fb_tensors u;
+        make_with_forward(&one, &u);
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs)
+                continue;
+            void *want[3];
+            same_bytes(&impls[n], &u, name, want);
+            free3(want);
+        }
+        release(&u);
+    }
+}
+
+/* Several key blocks to a step of a chunk (key_group 2 to 4, which the backward takes for
+ * itself where a sweep over a pair's query rows would leave the cache): bitwise the gradients
+ * of one block at a time, for 1 to 16 threads. Causal with 7 key blocks per pair in 4 chunks
+ * (groups cut short by the chunks' ends), then with a window, a mask, ALiBi, softcap, dropout
+ * and bf16; then 16 pairs of one chunk each (7 blocks as 4 + 3, 3 + 3 + 1, 2 + 2 + 2 + 1). */
+static void test_deterministic_key_groups(void) {
+    for (int variant = 0; variant < 3; variant++) {
+        fb_case c = plain(6, 2, 200, 390, 40, 24);
+        if (variant == 2)
+            c = plain(8, 8, 70, 390, 24, 40);
+        c.d.B = 2;
+        c.p.causal = 1;
+        c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+        if (variant == 1) {
+            c.dt = SDPA_BF16;
+            c.mask = MASK_ADD;
+            c.alibi = 1;
+            c.p.softcap = 6.0f;
+            c.p.dropout_p = 0.25f;
+            c.p.dropout_seed = 5;
+            c.p.use_window = 1;
+            c.p.window_left = 150;
+        }
+        c.tuned = 1;
+        c.tuning.dq_budget = (size_t)32 << 20; /* sdpa__flash_backward's */
+        fb_tensors t;
+        make_with_forward(&c, &t);
+        tu_impl impls[TU_MAX_IMPLS];
+        const int n_impls = tu_impls(impls);
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs)
+                continue;
+            void *want[3], *got[3];
+            char what[64];
+            t.tuning.key_group = 1;
+            snprintf(what, sizeof what, "variant %d, key blocks one at a time", variant);
+            same_bytes(&impls[n], &t, what, want);
+            for (int g = 2; g <= 4; g++) {
+                t.tuning.key_group = g;
+                snprintf(what, sizeof what, "variant %d, key blocks %d at a time", variant, g);
+                same_bytes(&impls[n], &t, what, got);
+                for (int x = 0; x < 3; x++)
+                    CHECK_MSG(memcmp(want[x], got[x],
+                                     x == 0   ? t.dq.bytes
+                                     : x == 1 ? t.dk.bytes
+                                              : t.dv.bytes) == 0,
+                              "[%s] %s: gradient %d differs from one block at a time's",
+                              impls[n].name, what, x);
+                free3(got);
+            }
+            free3(want);
         }
         release(&t);
     }
@@ -901,6 +1127,7 @@ int main(int argc, char **argv) {
     return CHECK_RUN(argc, argv, CASE(test_exp_lse), CASE(test_shapes),
                      CASE(test_causal_and_windows), CASE(test_masks_softcap_alibi),
                      CASE(test_heads), CASE(test_layouts_and_storage), CASE(test_dropout),
-                     CASE(test_hidden_nan), CASE(test_nan_rows), CASE(test_deterministic),
-                     CASE(test_nomem));
+                     CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
+                     CASE(test_deterministic), CASE(test_deterministic_waves),
+                     CASE(test_deterministic_key_groups), CASE(test_nomem));
 }

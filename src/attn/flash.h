@@ -19,4 +19,21 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
                                  const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
                                  sdpa_tensor *dv);
 
+/* What sdpa__flash_backward chooses for itself, set by the tests to reach every schedule:
+ * dq_budget, the most bytes of dQ partials held at once (sdpa__flash_backward: 32 MiB; a small
+ * one makes the one-pass schedule run its pairs in several waves, with fewer chunks, or fall
+ * back to two kinds of task), and key_group, the key blocks a task takes together (1 to 4; 0:
+ * chosen from the problem). The gradients depend on the problem and dq_budget only: never on
+ * key_group or the thread count. */
+typedef struct sdpa__bwd_tuning {
+    size_t dq_budget;
+    int key_group;
+} sdpa__bwd_tuning;
+
+sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,
+                                       const sdpa__problem *p, const sdpa_tensor *out,
+                                       const sdpa_tensor *lse, const sdpa_tensor *dout,
+                                       sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv,
+                                       const sdpa__bwd_tuning *tuning);
+
 #endif /* SDPA_FLASH_H */

@@ -9,21 +9,40 @@
  *     dV_j   += z_ij P_ij dO_i                      z_ij: dropout's keep / (1 - p), or 1
  *     dS_ij   = P_ij (z_ij dO_i . v_j - Delta_i) s'(x_ij)    s': softcap's derivative, or 1
  *     dQ_i   += scale dS_ij k_j                     dK_j += scale dS_ij q_i
- * Nothing of size Lq x Lk is kept: P and dS are recomputed tile by tile, in two kinds of task
- * that never write the same element, so that no sum needs an atomic or a lock:
- *   A. one per (b, kv head hk, block of KEY_BLOCK keys): owns those rows of dK and dV. For each
- *      query head of hk's group in order, and each block of QUERY_BLOCK queries that sees some
- *      of its keys in order, it forms S and P row-major (one key per SIMD lane: qk with query
- *      rows where it takes keys, and the keys packed where it takes Q^T), then dV += P^T dO
- *      and dK += dS^T Q with pv summing over the query rows. Stored once, at the end.
- *   B. one per (b, query head h, block of QUERY_BLOCK queries): owns those rows of dQ. For each
- *      block of keys the rows see, in order, it forms S, P and dP transposed as the forward
- *      does (one query row per lane), and dQ += dS K with pv. Stored once, at the end.
- * A task's sums run in an order fixed by the problem and the table alone, never by the thread
- * that runs it or by the thread count: the results are bitwise the same for any n_threads.
- * Both kinds are run in one parallel loop (they read the same inputs and Delta, and write
- * disjoint outputs), so neither waits for the slowest task of the other. Extra memory: Delta
- * (B Hq Lq floats) and one scratch region per worker of O(block x (Dk + Dv + block)) floats.
+ * Nothing of size Lq x Lk is kept: P and dS are recomputed tile by tile. The work on a tile of
+ * QUERY_BLOCK queries of head h against KEY_BLOCK keys (tile_a) forms S and P row-major (one key
+ * per SIMD lane: qk with query rows where it takes keys, and the keys packed where it takes
+ * Q^T), dV += P^T dO and dK += dS^T Q with pv summing over the query rows, and, in the one-pass
+ * schedule, dQ += dS K with pv over dS transposed (pack_q): five tile products, the forward's
+ * two and three more, as in FlashAttention-2.
+ *
+ * The one-pass schedule. dK and dV of a block of keys are summed in a task's registers and
+ * scratch and stored once; dQ of a row gets a term from every block of keys it sees, and so
+ * from several tasks. To sum those without atomics in an order fixed by the problem alone,
+ * each (b, kv head) pair's key blocks are split into n_chunks chunks of about equal work (the
+ * work of a block: the query rows that see it, so causal chunks balance too). One task per
+ * (pair, chunk) runs its key blocks in order, key_group at a time (several where the query
+ * rows would not stay in cache between blocks): for every query head of the group in order
+ * and every block of queries that sees the keys in order, tile_a for each key block; it stores
+ * dK and dV of each block once, and sums dS K into the chunk's own f32 partial of dQ (group x
+ * the rows its keys are seen by x Dk). A second loop then gives each row dQ = scale (partial_0 +
+ * partial_1 + ...), the chunks in order, skipping those whose keys the row cannot see, stored once.
+ * The number of chunks comes from the problem (enough for TARGET_TASKS tasks, at most MAX_CHUNKS
+ * and the key blocks), never from the thread count, and so does every boundary: the results are
+ * bitwise the same for any n_threads. The partials are O(group Lq Dk) per pair; the pairs run
+ * in waves whose partials fit `dq_budget` bytes (DQ_BUDGET; each wave its chunk loop, then its
+ * sums), so extra memory stays bounded whatever B and H. Neither waves nor key groups change
+ * any sum; the tests reach them all through sdpa__flash_backward_tuned (flash.h).
+ *
+ * The two-kind schedule, where even one pair's partials would not fit the budget with two
+ * tasks to a wave (long sequences with large query groups), needs no partials and recomputes
+ * S and dP instead (seven products): tasks of kind A, one per (b, kv head, key block), run
+ * tile_a without dQ; tasks of kind B, one per (b, query head, query block), own those rows of
+ * dQ and, per block of keys the rows see, form S, P and dP transposed as the forward does (one
+ * query row per lane) and dQ += dS K with pv. Both kinds run in one parallel loop.
+ *
+ * Extra memory: Delta (B Hq Lq floats), the partials of a wave (at most dq_budget bytes), and
+ * one scratch region per worker of O(block x (Dk + Dv + block)) floats.
  *
  * The contract's corner cases:
  * - A fully masked row (L_i = -inf) sees nothing: every score of it is hidden, its dQ is 0 and
@@ -38,9 +57,10 @@
  *   the NaN of 0 x Inf back from nan_of_visible_zeros, as in the reference. dV's operand is dO,
  *   whose NaN must still reach the dV of a key the row sees but dropped (0 x NaN, as in the
  *   reference); there a plain loop skips exactly the -0.0 weights.
- * - Every element of dq, dk and dv is written exactly once (keys no query sees get 0), rounded
- *   once by the table's store_row. All scratch is reserved before anything is written, so the
- *   only failure, SDPA_ERR_NOMEM, leaves the outputs untouched.
+ * - Every element of dq, dk and dv is written exactly once (keys no query sees get 0, rows no
+ *   key block reaches get 0), rounded once by the table's store_row. All scratch is reserved
+ *   before anything is written, so the only failure, SDPA_ERR_NOMEM, leaves the outputs
+ *   untouched.
  */
 #include "flash.h"
 
@@ -51,10 +71,35 @@
 #include <math.h>
 #include <string.h>
 
-/* Keys per task of kind A and per tile of kind B; query rows per tile of kind A and per task of
- * kind B. Tiles are BLOCK x BLOCK: every scratch tile has BLOCK rows of BLOCK floats (a
- * multiple of every table's lanes), and both block sizes must stay <= BLOCK. */
-enum { BLOCK = 64, KEY_BLOCK = BLOCK, QUERY_BLOCK = BLOCK };
+/* Keys per block (a step of a chunk, a task of kind A, a tile of kind B); query rows per tile
+ * of kind A and per task of kind B. Every scratch tile holds QUERY_BLOCK x KEY_BLOCK floats:
+ * row-major in tile_a (a query row's keys along the lanes, rows one after the other), and
+ * transposed in tile_b (a key's query rows along the lanes). Both are multiples of every
+ * table's lanes; WIDE is the larger. (128 keys to a block measured no faster, at L = 2048 and
+ * 8192.) */
+enum { QUERY_BLOCK = 64, KEY_BLOCK = 64, WIDE = KEY_BLOCK > QUERY_BLOCK ? KEY_BLOCK : QUERY_BLOCK };
+
+/* The one-pass schedule's tasks per wave: TARGET_TASKS (pairs times chunks) where the problem
+ * and the budget allow, so that every worker has one at 16; more only add partials to write
+ * and sum (at B=1 H=16 L=2048 D=64 on two threads, 4 chunks per pair took 10 % longer than 1
+ * or 2, which measured alike). At most MAX_CHUNKS chunks per pair. */
+enum { TARGET_TASKS = 16, MAX_CHUNKS = 8 };
+
+/* Key blocks taken together by a task of the one-pass schedule (key_group). A task sweeps the
+ * rows of its pair's query heads once per step: their Q, dO and dQ partial, group x Lq x
+ * (2 Dk + Dv) floats. Where that passes SWEEP_IN_CACHE bytes it comes from DRAM, and each tile
+ * of queries is then used for up to MAX_KEY_GROUP key blocks in a row, while it is in cache,
+ * rather than once per block; the blocks' packed K and V and their dK and dV, 512 (Dk + Dv)
+ * bytes a block, stay in the worker's scratch (at most 256 KiB: fewer blocks for larger
+ * heads). Below, one block at a time measured slightly faster. Nothing is summed in another
+ * order: dK and dV of a block over the query tiles in order, dQ of a row over the key blocks
+ * in order; the gradients are bitwise the same. (At B=1 Hq=16 Hkv=2 L=4096 D=64, 4 blocks at
+ * a time took bwd/fwd from 3.4 to 2.8; at B=1 H=16 L=32768 D=64 causal, from 3.0 to 2.2.) */
+enum { MAX_KEY_GROUP = 4 };
+#define SWEEP_IN_CACHE (8.0 * 1024 * 1024)
+
+/* The most bytes of dQ partials held at once (sdpa__flash_backward). */
+#define DQ_BUDGET ((size_t)32 << 20)
 
 typedef struct bwd_plan {
     const sdpa__problem *p;
@@ -65,6 +110,7 @@ typedef struct bwd_plan {
     int64_t n_kb, n_qb; /* key blocks, query blocks */
     int64_t n_a;        /* tasks of kind A; those of kind B follow */
     int64_t dkp, dvp;   /* row strides of the dK/dQ and dV accumulators */
+    int key_group;      /* key blocks per step of a chunk (MAX_KEY_GROUP) */
     int q_direct;       /* Q is f32 with unit feature stride: its rows are read in place */
     int k_direct;       /* likewise K */
     int v_direct;       /* likewise V */
@@ -74,22 +120,36 @@ typedef struct bwd_plan {
     float keep_scale;   /* 1 / (1 - p) */
     uint64_t threshold; /* keep iff draw < threshold */
     uint32_t key[2];    /* the Philox key of (seed, offset) */
+    /* The one-pass schedule (fused; else kinds A and B). Chunk c of a pair holds its key
+     * blocks [chunk_kb[c], chunk_kb[c + 1]), which the query rows [chunk_lo[c], chunk_hi[c])
+     * see (empty: lo = hi); its partial, rows (g, i) of the group's heads g, lies at chunk_at[c]
+     * floats into the pair's, row (g, i) at (g (hi - lo) + i - lo) dkp. */
+    int fused;
+    int n_chunks;
+    int64_t chunk_kb[MAX_CHUNKS + 1];
+    int64_t chunk_lo[MAX_CHUNKS], chunk_hi[MAX_CHUNKS];
+    int64_t chunk_at[MAX_CHUNKS + 1];
+    int64_t wave_pairs; /* pairs per wave */
+    int64_t wave0;      /* the running wave's first pair */
+    float *part;        /* its partials: wave_pairs x chunk_at[n_chunks] floats */
     size_t per_worker;  /* bytes of scratch per worker */
     char *scratch;
 } bwd_plan;
 
 /* One worker's scratch. Kind A and kind B use the same regions for their own purposes. */
 typedef struct bwd_scratch {
-    float *pk;     /* A: K^T packed (Dk x BLOCK); B: Q^T */
-    float *pv;     /* A: V^T packed (Dv x BLOCK); B: dO^T */
-    float *krows;  /* K rows widened (BLOCK x Dk), when K is not read in place */
-    float *vrows;  /* likewise V (BLOCK x Dv) */
+    float *pk;     /* A: K^T packed (Dk x KEY_BLOCK per block of the group); B: Q^T */
+    float *pv;     /* A: V^T packed; B: dO^T */
+    float *krows;  /* K rows widened (KEY_BLOCK x Dk per block), when K is not read in place */
+    float *vrows;  /* likewise V (KEY_BLOCK x Dv) */
     float *qrows;  /* likewise Q */
     float *dorows; /* likewise dO */
-    float *acc_k;  /* A: dK of the task's keys (BLOCK x dkp); B: dQ of its rows */
-    float *acc_v;  /* A: dV (BLOCK x dvp) */
-    float *s;      /* scores, then the weights P (BLOCK x BLOCK) */
+    float *acc_k;  /* A: dK of the blocks' keys (KEY_BLOCK x dkp per block); B: dQ of its rows */
+    float *acc_v;  /* A: dV (KEY_BLOCK x dvp per block) */
+    float *s;      /* scores, then the weights P (a tile) */
     float *dp;     /* dP, then dS */
+    float *dst;    /* one-pass: dS transposed */
+    float *ut;     /* A: each row's LSE, along the lanes of its row of the tile */
     float *pt;     /* with dropout: z P */
     float *z;      /* with dropout: z */
     float *dsdx;   /* with softcap: ds/dx */
@@ -113,34 +173,36 @@ static void *take(char *base, size_t *at, size_t bytes) {
 static size_t layout(const bwd_plan *pl, char *base, bwd_scratch *ws) {
     const sdpa__problem *p = pl->p;
     const size_t f = sizeof(float), dk = (size_t)p->Dk, dv = (size_t)p->Dv,
-                 tile = BLOCK * BLOCK * f;
+                 tile = QUERY_BLOCK * KEY_BLOCK * f, kg = (size_t)pl->key_group;
     size_t at = 0;
-    ws->pk = take(base, &at, dk * BLOCK * f);
-    ws->pv = take(base, &at, dv * BLOCK * f);
-    ws->krows = take(base, &at, pl->k_direct ? 0 : BLOCK * dk * f);
-    ws->vrows = take(base, &at, pl->v_direct ? 0 : BLOCK * dv * f);
-    ws->qrows = take(base, &at, pl->q_direct ? 0 : BLOCK * dk * f);
-    ws->dorows = take(base, &at, pl->do_direct ? 0 : BLOCK * dv * f);
-    ws->acc_k = take(base, &at, BLOCK * (size_t)pl->dkp * f);
-    ws->acc_v = take(base, &at, BLOCK * (size_t)pl->dvp * f);
+    ws->pk = take(base, &at, dk * WIDE * kg * f);
+    ws->pv = take(base, &at, dv * WIDE * kg * f);
+    ws->krows = take(base, &at, pl->k_direct ? 0 : KEY_BLOCK * dk * kg * f);
+    ws->vrows = take(base, &at, pl->v_direct ? 0 : KEY_BLOCK * dv * f);
+    ws->qrows = take(base, &at, pl->q_direct ? 0 : QUERY_BLOCK * dk * f);
+    ws->dorows = take(base, &at, pl->do_direct ? 0 : QUERY_BLOCK * dv * f);
+    ws->acc_k = take(base, &at, WIDE * (size_t)pl->dkp * kg * f);
+    ws->acc_v = take(base, &at, KEY_BLOCK * (size_t)pl->dvp * kg * f);
     ws->s = take(base, &at, tile);
     ws->dp = take(base, &at, tile);
+    ws->dst = take(base, &at, pl->fused ? tile : 0);
+    ws->ut = take(base, &at, tile);
     ws->pt = take(base, &at, pl->dropout ? tile : 0);
     ws->z = take(base, &at, pl->dropout ? tile : 0);
     ws->dsdx = take(base, &at, p->softcap > 0.0 ? tile : 0);
-    ws->u = take(base, &at, BLOCK * f);
-    ws->dl = take(base, &at, BLOCK * f);
-    ws->ones = take(base, &at, BLOCK * f);
+    ws->u = take(base, &at, WIDE * f);
+    ws->dl = take(base, &at, WIDE * f);
+    ws->ones = take(base, &at, WIDE * f);
     ws->orow = take(base, &at, dv * f);
     ws->dorow = take(base, &at, dv * f);
-    ws->rowp = take(base, &at, BLOCK * sizeof(const float *));
+    ws->rowp = take(base, &at, WIDE * sizeof(const float *));
     return at;
 }
 
 static bwd_scratch scratch_of(const bwd_plan *pl, int worker) {
     bwd_scratch ws;
     layout(pl, pl->scratch + (size_t)worker * pl->per_worker, &ws);
-    for (int n = 0; n < BLOCK; n++)
+    for (int n = 0; n < WIDE; n++)
         ws.ones[n] = 1.0f;
     return ws;
 }
@@ -235,26 +297,40 @@ static inline uint32_t hidden_mask(float w) {
     return u == 0x80000000u ? 0xffffffffu : 0u;
 }
 
+/* x, or -0.0 where the weight w is the -0.0 of a hidden pair. */
+static inline float unless_hidden(float w, float x) {
+    const uint32_t h = hidden_mask(w);
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u & ~h) | (0x80000000u & h);
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 /* dS over n entries that lie contiguously in memory: dp[c] (dP~ = dO . v) becomes
- * w[c] (z[c] dp[c] - delta[c]) dsdx[c] (z and dsdx NULL when absent), and -0.0 where w[c] is
- * (a hidden pair: dp may be NaN from a hidden key's V, and must not get through). */
-static void ds_run(int64_t n, const float *restrict w, float *restrict dp, const float *restrict z,
-                   const float *restrict dsdx, const float *restrict delta) {
-    if (z != NULL)
+ * w[c] (z[c] dp[c] - delta[c * dstep]) dsdx[c] (z and dsdx NULL when absent; dstep 0: one
+ * Delta for all, a row of kind A's tiles), and -0.0 where w[c] is (a hidden pair: dp may be
+ * NaN from a hidden key's V, and must not get through); `hidden` 0 says that no w[c] is (the
+ * tile's exp_lse found no hidden pair). One pass, the plain cases in loops of their own. */
+static inline void ds_run(int64_t n, const float *restrict w, float *restrict dp,
+                          const float *restrict z, const float *restrict dsdx,
+                          const float *restrict delta, int64_t dstep, int hidden) {
+    if (z == NULL && dsdx == NULL && !hidden) {
         for (int64_t c = 0; c < n; c++)
-            dp[c] *= z[c];
-    if (dsdx != NULL)
+            dp[c] = w[c] * (dp[c] - delta[c * dstep]);
+        return;
+    }
+    if (z == NULL && dsdx == NULL) {
         for (int64_t c = 0; c < n; c++)
-            dp[c] = w[c] * (dp[c] - delta[c]) * dsdx[c];
-    else
-        for (int64_t c = 0; c < n; c++)
-            dp[c] = w[c] * (dp[c] - delta[c]);
+            dp[c] = unless_hidden(w[c], w[c] * (dp[c] - delta[c * dstep]));
+        return;
+    }
     for (int64_t c = 0; c < n; c++) {
-        const uint32_t h = hidden_mask(w[c]);
-        uint32_t x;
-        memcpy(&x, &dp[c], sizeof x);
-        x = (x & ~h) | (0x80000000u & h);
-        memcpy(&dp[c], &x, sizeof x);
+        float x = z != NULL ? dp[c] * z[c] : dp[c];
+        x = w[c] * (x - delta[c * dstep]);
+        if (dsdx != NULL)
+            x *= dsdx[c];
+        dp[c] = unless_hidden(w[c], x);
     }
 }
 
@@ -275,16 +351,16 @@ static void pv_skip_hidden(int64_t nr, int64_t na, int64_t d, const float *w, in
 }
 
 /* After pv_careful, which adds nothing for any zero weight: a weight dS that is 0 (either
- * sign) on a pair the row sees (its P, in the same layout as dS, is not the -0.0 of a hidden
- * pair) still multiplies its operand in the reference, where 0 x Inf and 0 x NaN are NaN
- * (softcap's derivative is 0 at a score of +-inf, which an Inf in q or k gives): that NaN is
- * put where it goes. pv's layout: o[r * ldo + c] gets w[j * ldw + r] x[j * ldx + c]. */
+ * sign) on a pair the row sees (its P, laid out like dS, is not the -0.0 of a hidden pair)
+ * still multiplies its operand in the reference, where 0 x Inf and 0 x NaN are NaN (softcap's
+ * derivative is 0 at a score of +-inf, which an Inf in q or k gives): that NaN is put where it
+ * goes. pv's sum: o[r * ldo + c] gets w[j * wj + r * wr] x[j * ldx + c], j < nj, r < nr. */
 static void nan_of_visible_zeros(int64_t nj, int64_t nr, int64_t d, const float *w,
-                                 const float *prob, int64_t ldw, const float *x, int64_t ldx,
-                                 float *o, int64_t ldo) {
+                                 const float *prob, int64_t wj, int64_t wr, const float *x,
+                                 int64_t ldx, float *o, int64_t ldo) {
     for (int64_t j = 0; j < nj; j++)
         for (int64_t r = 0; r < nr; r++) {
-            if (w[j * ldw + r] != 0.0f || hidden_mask(prob[j * ldw + r]))
+            if (w[j * wj + r * wr] != 0.0f || hidden_mask(prob[j * wj + r * wr]))
                 continue;
             for (int64_t c = 0; c < d; c++)
                 if (!isfinite(x[j * ldx + c]))
@@ -292,14 +368,25 @@ static void nan_of_visible_zeros(int64_t nj, int64_t nr, int64_t d, const float 
         }
 }
 
-/* Kind A, one tile: query rows i0 .. i0 + nq - 1 of head h against the task's keys j0 ..
- * j0 + nk - 1 (packed in ws->pk and ws->pv), into ws->acc_k and ws->acc_v. Row-major tiles:
- * entry (r, jj) at r * BLOCK + jj. */
+/* The keys of one block, as tile_a reads them: K^T and V^T packed (pk, pv, KEY_BLOCK lanes),
+ * the f32 rows of K (k, row stride ldk), with k_bad set when they hold a NaN or an Inf, and
+ * the block's dK and dV accumulators (acc_k, acc_v). */
+typedef struct key_tile {
+    int64_t j0, nk;
+    const float *pk, *pv, *k;
+    int64_t ldk;
+    int k_bad;
+    float *acc_k, *acc_v;
+} key_tile;
+
+/* One tile: query rows i0 .. i0 + nq - 1 of head h against the keys of kt, into its dK and dV
+ * accumulators, and into the rows dq (row stride dkp) when it is not NULL. Row-major
+ * tiles: entry (r, jj) at r * ld + jj, ld = nk rounded up to the table's lanes. */
 static void tile_a(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, int64_t i0,
-                   int64_t nq, int64_t j0, int64_t nk) {
+                   int64_t nq, const key_tile *kt, float *dq) {
     const sdpa__problem *p = pl->p;
     const sdpa__ukernels *uk = pl->uk;
-    const int64_t kpad = sdpa__round_up(nk, uk->lanes);
+    const int64_t j0 = kt->j0, nk = kt->nk, ld = sdpa__round_up(nk, uk->lanes);
     float *dsdx = p->softcap > 0.0 ? ws->dsdx : NULL;
     int64_t ldq, lddo;
     const float *q = rows_of(uk, &p->q, pl->q_direct, b, h, i0, nq, p->Dk, ws->qrows, &ldq, NULL);
@@ -307,91 +394,190 @@ static void tile_a(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
         rows_of(uk, pl->dout, pl->do_direct, b, h, i0, nq, p->Dv, ws->dorows, &lddo, NULL);
 
     // S: s[r][jj] = scale q_r . k_jj, then the rules
-    uk->qk(nq, kpad, p->Dk, q, ldq, ws->pk, BLOCK, (float)p->scale, ws->s, BLOCK);
+    uk->qk(nq, ld, p->Dk, q, ldq, kt->pk, KEY_BLOCK, (float)p->scale, ws->s, ld);
     const int whole = sdpa__block_whole(p, i0, i0 + nq, j0, j0 + nk);
-    tile_rules(pl, b, h, i0, nq, j0, nk, whole, ws->s, BLOCK, 1, dsdx);
+    tile_rules(pl, b, h, i0, nq, j0, nk, whole, ws->s, ld, 1, dsdx);
 
-    // P = exp(S - LSE), a row at a time (the LSE is the row's, the lanes are keys)
-    int hidden = 0;
-    for (int64_t r = 0; r < nq; r++) {
-        const float lse = lse_at(pl, b, h, i0 + r);
-        for (int64_t jj = 0; jj < kpad; jj++)
-            ws->u[jj] = lse;
-        hidden |= uk->exp_lse(1, kpad, ws->s + r * BLOCK, BLOCK, ws->u);
-    }
+    // P = exp(S - LSE): the tile's rows lie one after the other, so that it is one run of
+    // lanes, each with its row's LSE in ut. ut is the product of the rows' LSE (a column) and
+    // a row of ones: one feature, formed exactly (L x 1 + 0), and stored by the table a vector
+    // at a time rather than by a scalar loop.
+    const float *lse = (const float *)pl->lse->data + sdpa__offset(pl->lse, b, h, i0, 0);
+    uk->qk(nq, ld, 1, lse, pl->lse->stride[2], ws->ones, 0, 1.0f, ws->ut, ld);
+    const int hidden = uk->exp_lse(1, nq * ld, ws->s, 0, ws->ut);
 
     // dV += (z P)^T dO
     const float *w = ws->s;
     if (pl->dropout) {
-        tile_dropout(pl, b, h, i0, nq, j0, nk, ws->z, BLOCK, 1);
+        tile_dropout(pl, b, h, i0, nq, j0, nk, ws->z, ld, 1);
         for (int64_t r = 0; r < nq; r++)
             for (int64_t jj = 0; jj < nk; jj++)
-                ws->pt[r * BLOCK + jj] = ws->z[r * BLOCK + jj] * ws->s[r * BLOCK + jj];
+                ws->pt[r * ld + jj] = ws->z[r * ld + jj] * ws->s[r * ld + jj];
         w = ws->pt;
     }
     if (hidden && sdpa__has_nonfinite(dO, nq, lddo, p->Dv))
-        pv_skip_hidden(nq, nk, p->Dv, w, BLOCK, dO, lddo, ws->acc_v, pl->dvp);
+        pv_skip_hidden(nq, nk, p->Dv, w, ld, dO, lddo, kt->acc_v, pl->dvp);
     else
-        uk->pv(nq, nk, p->Dv, w, BLOCK, ws->ones, dO, lddo, ws->acc_v, pl->dvp);
+        uk->pv(nq, nk, p->Dv, w, ld, ws->ones, dO, lddo, kt->acc_v, pl->dvp);
 
     // dP~[r][jj] = dO_r . v_jj; dS
-    uk->qk(nq, kpad, p->Dv, dO, lddo, ws->pv, BLOCK, 1.0f, ws->dp, BLOCK);
+    uk->qk(nq, ld, p->Dv, dO, lddo, kt->pv, KEY_BLOCK, 1.0f, ws->dp, ld);
+    const float *delta = pl->delta + ((b * p->Hq) + h) * p->Lq + i0;
     for (int64_t r = 0; r < nq; r++) {
-        const float d = pl->delta[((b * p->Hq) + h) * p->Lq + i0 + r];
-        for (int64_t jj = 0; jj < nk; jj++)
-            ws->dl[jj] = d;
-        const int64_t at = r * BLOCK;
+        const int64_t at = r * ld;
         ds_run(nk, ws->s + at, ws->dp + at, pl->dropout ? ws->z + at : NULL,
-               dsdx != NULL ? dsdx + at : NULL, ws->dl);
+               dsdx != NULL ? dsdx + at : NULL, delta + r, 0, hidden);
     }
 
     // dK += dS^T Q (scaled when stored)
     if (hidden && sdpa__has_nonfinite(q, nq, ldq, p->Dk)) {
-        uk->pv_careful(nq, nk, p->Dk, ws->dp, BLOCK, ws->ones, q, ldq, ws->acc_k, pl->dkp);
-        nan_of_visible_zeros(nq, nk, p->Dk, ws->dp, ws->s, BLOCK, q, ldq, ws->acc_k, pl->dkp);
+        uk->pv_careful(nq, nk, p->Dk, ws->dp, ld, ws->ones, q, ldq, kt->acc_k, pl->dkp);
+        nan_of_visible_zeros(nq, nk, p->Dk, ws->dp, ws->s, ld, 1, q, ldq, kt->acc_k, pl->dkp);
     } else
-        uk->pv(nq, nk, p->Dk, ws->dp, BLOCK, ws->ones, q, ldq, ws->acc_k, pl->dkp);
+        uk->pv(nq, nk, p->Dk, ws->dp, ld, ws->ones, q, ldq, kt->acc_k, pl->dkp);
+
+    // dQ += dS K (scaled when stored), over dS transposed: dst[jj][r], a query row per lane
+    if (dq == NULL)
+        return;
+    for (int64_t r = 0; r < nq; r++)
+        ws->rowp[r] = ws->dp + r * ld;
+    uk->pack_q(nq, nk, ws->rowp, ws->dst, QUERY_BLOCK);
+    if (hidden && kt->k_bad) {
+        uk->pv_careful(nk, nq, p->Dk, ws->dst, QUERY_BLOCK, ws->ones, kt->k, kt->ldk, dq, pl->dkp);
+        nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, 1, ld, kt->k, kt->ldk, dq, pl->dkp);
+    } else
+        uk->pv(nk, nq, p->Dk, ws->dst, QUERY_BLOCK, ws->ones, kt->k, kt->ldk, dq, pl->dkp);
 }
 
-static void task_a(const bwd_plan *pl, int64_t task, int worker) {
+/* The query rows [*first, *last) that see some key of block kb (empty when first >= last). */
+static void block_rows(const bwd_plan *pl, int64_t kb, int64_t *first, int64_t *last) {
+    const sdpa__problem *p = pl->p;
+    const int64_t j0 = kb * KEY_BLOCK, j1 = j0 + KEY_BLOCK < p->Lk ? j0 + KEY_BLOCK : p->Lk;
+    sdpa__block_queries(p, j0, j1, 0, p->Lq, first, last);
+}
+
+/* Key blocks [kb0, kb1) of (b, kv head hk), at most key_group of them: for every query head of
+ * the group in order, and every block of queries that sees some of their keys in order, tile_a
+ * for each block that those queries see, in order; then dK and dV of each block stored once
+ * (keys no query sees get their 0). With part (one-pass), dS K is summed into the chunk's
+ * partial, whose rows start at row lo and number `rows` per head; *zeroed is where the rows
+ * not yet set to 0 begin (the blocks' rows only move forward, so each row is cleared once,
+ * just before its first use). */
+static void key_blocks(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t hk, int64_t kb0,
+                       int64_t kb1, float *part, int64_t lo, int64_t rows, int64_t *zeroed) {
     const sdpa__problem *p = pl->p;
     const sdpa__ukernels *uk = pl->uk;
-    const int64_t bh = task / pl->n_kb, kb = task % pl->n_kb;
-    const int64_t b = bh / p->Hkv, hk = bh % p->Hkv;
-    const int64_t j0 = kb * KEY_BLOCK, nk = j0 + KEY_BLOCK <= p->Lk ? KEY_BLOCK : p->Lk - j0;
-    bwd_scratch ws = scratch_of(pl, worker);
-    memset(ws.acc_k, 0, (size_t)(nk * pl->dkp) * sizeof(float));
-    memset(ws.acc_v, 0, (size_t)(nk * pl->dvp) * sizeof(float));
-
-    /* the queries that may see some key of the block, in the fixed grid of query blocks */
-    int64_t first, last;
-    sdpa__block_queries(p, j0, j0 + nk, 0, p->Lq, &first, &last);
-    if (first < last) {
+    key_tile kt[MAX_KEY_GROUP];
+    int64_t first[MAX_KEY_GROUP], last[MAX_KEY_GROUP], seen_lo = p->Lq, seen_hi = 0;
+    const int n = (int)(kb1 - kb0);
+    for (int x = 0; x < n; x++) {
+        key_tile *t = &kt[x];
+        t->j0 = (kb0 + x) * KEY_BLOCK;
+        t->nk = t->j0 + KEY_BLOCK <= p->Lk ? KEY_BLOCK : p->Lk - t->j0;
+        t->pk = ws->pk + x * p->Dk * KEY_BLOCK;
+        t->pv = ws->pv + x * p->Dv * KEY_BLOCK;
+        t->acc_k = ws->acc_k + x * KEY_BLOCK * pl->dkp;
+        t->acc_v = ws->acc_v + x * KEY_BLOCK * pl->dvp;
+        memset(t->acc_k, 0, (size_t)(t->nk * pl->dkp) * sizeof(float));
+        memset(t->acc_v, 0, (size_t)(t->nk * pl->dvp) * sizeof(float));
+        block_rows(pl, kb0 + x, &first[x], &last[x]);
+        if (first[x] >= last[x])
+            continue;
         int64_t ld;
-        rows_of(uk, &p->k, pl->k_direct, b, hk, j0, nk, p->Dk, ws.krows, &ld, ws.rowp);
-        uk->pack_q(nk, p->Dk, ws.rowp, ws.pk, BLOCK);
-        rows_of(uk, &p->v, pl->v_direct, b, hk, j0, nk, p->Dv, ws.vrows, &ld, ws.rowp);
-        uk->pack_q(nk, p->Dv, ws.rowp, ws.pv, BLOCK);
-        for (int64_t h = hk * p->group; h < (hk + 1) * p->group; h++)
-            for (int64_t qb = first / QUERY_BLOCK; qb * QUERY_BLOCK < last; qb++) {
-                const int64_t i0 = qb * QUERY_BLOCK > first ? qb * QUERY_BLOCK : first;
-                const int64_t i1 = (qb + 1) * QUERY_BLOCK < last ? (qb + 1) * QUERY_BLOCK : last;
-                tile_a(pl, &ws, b, h, i0, i1 - i0, j0, nk);
-            }
+        t->k = rows_of(uk, &p->k, pl->k_direct, b, hk, t->j0, t->nk, p->Dk,
+                       ws->krows + x * KEY_BLOCK * p->Dk, &t->ldk, ws->rowp);
+        uk->pack_q(t->nk, p->Dk, ws->rowp, ws->pk + x * p->Dk * KEY_BLOCK, KEY_BLOCK);
+        rows_of(uk, &p->v, pl->v_direct, b, hk, t->j0, t->nk, p->Dv, ws->vrows, &ld, ws->rowp);
+        uk->pack_q(t->nk, p->Dv, ws->rowp, ws->pv + x * p->Dv * KEY_BLOCK, KEY_BLOCK);
+        t->k_bad = part != NULL && sdpa__has_nonfinite(t->k, t->nk, t->ldk, p->Dk);
+        seen_lo = first[x] < seen_lo ? first[x] : seen_lo;
+        seen_hi = last[x] > seen_hi ? last[x] : seen_hi;
     }
 
-    /* stored once: dK scaled, dV as it is; keys no query sees get their 0 */
-    for (int64_t jj = 0; jj < nk; jj++) {
-        uk->store_row((int)pl->dk->dtype, p->Dk, ws.acc_k + jj * pl->dkp, (float)p->scale,
-                      (void *)sdpa__row_at(pl->dk, b, hk, j0 + jj), pl->dk->stride[3]);
-        uk->store_row((int)pl->dv->dtype, p->Dv, ws.acc_v + jj * pl->dvp, 1.0f,
-                      (void *)sdpa__row_at(pl->dv, b, hk, j0 + jj), pl->dv->stride[3]);
+    if (part != NULL && seen_hi > *zeroed) {
+        for (int64_t g = 0; g < p->group; g++)
+            memset(part + (g * rows + *zeroed - lo) * pl->dkp, 0,
+                   (size_t)((seen_hi - *zeroed) * pl->dkp) * sizeof(float));
+        *zeroed = seen_hi;
+    }
+    for (int64_t g = 0; g < p->group && seen_lo < seen_hi; g++)
+        for (int64_t qb = seen_lo / QUERY_BLOCK; qb * QUERY_BLOCK < seen_hi; qb++)
+            for (int x = 0; x < n; x++) {
+                const int64_t a = qb * QUERY_BLOCK, z = a + QUERY_BLOCK;
+                const int64_t i0 = a > first[x] ? a : first[x], i1 = z < last[x] ? z : last[x];
+                if (i0 >= i1)
+                    continue;
+                float *dq = part != NULL ? part + (g * rows + i0 - lo) * pl->dkp : NULL;
+                tile_a(pl, ws, b, hk * p->group + g, i0, i1 - i0, &kt[x], dq);
+            }
+
+    /* stored once: dK scaled, dV as it is */
+    for (int x = 0; x < n; x++)
+        for (int64_t jj = 0; jj < kt[x].nk; jj++) {
+            const int64_t j = kt[x].j0 + jj;
+            uk->store_row((int)pl->dk->dtype, p->Dk, kt[x].acc_k + jj * pl->dkp, (float)p->scale,
+                          (void *)sdpa__row_at(pl->dk, b, hk, j), pl->dk->stride[3]);
+            uk->store_row((int)pl->dv->dtype, p->Dv, kt[x].acc_v + jj * pl->dvp, 1.0f,
+                          (void *)sdpa__row_at(pl->dv, b, hk, j), pl->dv->stride[3]);
+        }
+}
+
+/* One-pass, first loop: task = (pair of the wave, chunk), the chunk's key blocks in order,
+ * key_group at a time. */
+static void chunk_task(void *arg, int64_t task, int worker) {
+    const bwd_plan *pl = arg;
+    const int64_t w = task / pl->n_chunks, c = task % pl->n_chunks, pair = pl->wave0 + w;
+    const int64_t lo = pl->chunk_lo[c], rows = pl->chunk_hi[c] - lo;
+    float *part = pl->part + w * pl->chunk_at[pl->n_chunks] + pl->chunk_at[c];
+    bwd_scratch ws = scratch_of(pl, worker);
+    int64_t zeroed = lo;
+    for (int64_t kb = pl->chunk_kb[c]; kb < pl->chunk_kb[c + 1]; kb += pl->key_group) {
+        const int64_t end =
+            kb + pl->key_group < pl->chunk_kb[c + 1] ? kb + pl->key_group : pl->chunk_kb[c + 1];
+        key_blocks(pl, &ws, pair / pl->p->Hkv, pair % pl->p->Hkv, kb, end, part, lo, rows, &zeroed);
+    }
+}
+
+/* One-pass, second loop: task = (pair of the wave, head of its group, block of queries);
+ * each row's dQ = scale (partial_0 + partial_1 + ...) over the chunks whose keys it may see,
+ * in chunk order, stored once (0 where there are none). */
+static void sum_task(void *arg, int64_t task, int worker) {
+    const bwd_plan *pl = arg;
+    const sdpa__problem *p = pl->p;
+    const int64_t per_pair = p->group * pl->n_qb, w = task / per_pair;
+    const int64_t g = task % per_pair / pl->n_qb, qb = task % pl->n_qb, pair = pl->wave0 + w;
+    const int64_t b = pair / p->Hkv, h = pair % p->Hkv * p->group + g;
+    const int64_t i0 = qb * QUERY_BLOCK, i1 = i0 + QUERY_BLOCK < p->Lq ? i0 + QUERY_BLOCK : p->Lq;
+    const float *part = pl->part + w * pl->chunk_at[pl->n_chunks];
+    bwd_scratch ws = scratch_of(pl, worker);
+    float *sum = ws.acc_k;
+    for (int64_t i = i0; i < i1; i++) {
+        const float *row = NULL;
+        for (int c = 0; c < pl->n_chunks; c++) {
+            const int64_t lo = pl->chunk_lo[c], hi = pl->chunk_hi[c];
+            if (i < lo || i >= hi)
+                continue;
+            const float *x = part + pl->chunk_at[c] + (g * (hi - lo) + i - lo) * pl->dkp;
+            if (row == NULL) {
+                row = x;
+                continue;
+            }
+            for (int64_t col = 0; col < p->Dk; col++)
+                sum[col] = row[col] + x[col];
+            row = sum;
+        }
+        if (row == NULL) {
+            memset(sum, 0, (size_t)p->Dk * sizeof(float));
+            row = sum;
+        }
+        pl->uk->store_row((int)pl->dq->dtype, p->Dk, row, (float)p->scale,
+                          (void *)sdpa__row_at(pl->dq, b, h, i), pl->dq->stride[3]);
     }
 }
 
 /* Kind B, one tile: the task's query rows (Q^T in ws->pk, dO^T in ws->pv, their LSE and Delta
  * in ws->u and ws->dl) against keys ja .. ja + nk - 1 of kv head hk, into ws->acc_k.
- * Transposed tiles: entry (jj, r) at jj * BLOCK + r, rows padded to rpad lanes. */
+ * Transposed tiles: entry (jj, r) at jj * QUERY_BLOCK + r, rows padded to rpad lanes. */
 static void tile_b(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, int64_t i0,
                    int64_t nq, int64_t ja, int64_t nk) {
     const sdpa__problem *p = pl->p;
@@ -403,29 +589,30 @@ static void tile_b(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
     const float *v = rows_of(uk, &p->v, pl->v_direct, b, hk, ja, nk, p->Dv, ws->vrows, &ldv, NULL);
 
     // S: s[jj][r] = scale k_jj . q_r, then the rules (padding rows are left as they are)
-    uk->qk(nk, rpad, p->Dk, k, ldk, ws->pk, BLOCK, (float)p->scale, ws->s, BLOCK);
+    uk->qk(nk, rpad, p->Dk, k, ldk, ws->pk, QUERY_BLOCK, (float)p->scale, ws->s, QUERY_BLOCK);
     const int whole = sdpa__block_whole(p, i0, i0 + nq, ja, ja + nk);
-    tile_rules(pl, b, h, i0, nq, ja, nk, whole, ws->s, 1, BLOCK, dsdx);
+    tile_rules(pl, b, h, i0, nq, ja, nk, whole, ws->s, 1, QUERY_BLOCK, dsdx);
 
     // P = exp(S - LSE), the rows along the lanes
-    const int hidden = uk->exp_lse(nk, rpad, ws->s, BLOCK, ws->u);
+    const int hidden = uk->exp_lse(nk, rpad, ws->s, QUERY_BLOCK, ws->u);
     if (pl->dropout)
-        tile_dropout(pl, b, h, i0, nq, ja, nk, ws->z, 1, BLOCK);
+        tile_dropout(pl, b, h, i0, nq, ja, nk, ws->z, 1, QUERY_BLOCK);
 
     // dP~[jj][r] = v_jj . dO_r; dS
-    uk->qk(nk, rpad, p->Dv, v, ldv, ws->pv, BLOCK, 1.0f, ws->dp, BLOCK);
+    uk->qk(nk, rpad, p->Dv, v, ldv, ws->pv, QUERY_BLOCK, 1.0f, ws->dp, QUERY_BLOCK);
     for (int64_t jj = 0; jj < nk; jj++) {
-        const int64_t at = jj * BLOCK;
+        const int64_t at = jj * QUERY_BLOCK;
         ds_run(nq, ws->s + at, ws->dp + at, pl->dropout ? ws->z + at : NULL,
-               dsdx != NULL ? dsdx + at : NULL, ws->dl);
+               dsdx != NULL ? dsdx + at : NULL, ws->dl, 1, hidden);
     }
 
     // dQ += dS K (scaled when stored)
     if (hidden && sdpa__has_nonfinite(k, nk, ldk, p->Dk)) {
-        uk->pv_careful(nk, nq, p->Dk, ws->dp, BLOCK, ws->ones, k, ldk, ws->acc_k, pl->dkp);
-        nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, BLOCK, k, ldk, ws->acc_k, pl->dkp);
+        uk->pv_careful(nk, nq, p->Dk, ws->dp, QUERY_BLOCK, ws->ones, k, ldk, ws->acc_k, pl->dkp);
+        nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, QUERY_BLOCK, 1, k, ldk, ws->acc_k,
+                             pl->dkp);
     } else
-        uk->pv(nk, nq, p->Dk, ws->dp, BLOCK, ws->ones, k, ldk, ws->acc_k, pl->dkp);
+        uk->pv(nk, nq, p->Dk, ws->dp, QUERY_BLOCK, ws->ones, k, ldk, ws->acc_k, pl->dkp);
 }
 
 static void task_b(const bwd_plan *pl, int64_t task, int worker) {
@@ -441,15 +628,15 @@ static void task_b(const bwd_plan *pl, int64_t task, int worker) {
     memset(ws.acc_k, 0, (size_t)(nq * pl->dkp) * sizeof(float));
 
     /* the rows' LSE and Delta along the lanes; padding lanes get 0, which keeps them finite */
-    for (int64_t r = 0; r < BLOCK; r++) {
+    for (int64_t r = 0; r < QUERY_BLOCK; r++) {
         ws.u[r] = r < nq ? lse_at(pl, b, h, i0 + r) : 0.0f;
         ws.dl[r] = r < nq ? pl->delta[((b * p->Hq) + h) * p->Lq + i0 + r] : 0.0f;
     }
     int64_t ld;
     rows_of(uk, &p->q, pl->q_direct, b, h, i0, nq, p->Dk, ws.qrows, &ld, ws.rowp);
-    uk->pack_q(nq, p->Dk, ws.rowp, ws.pk, BLOCK);
+    uk->pack_q(nq, p->Dk, ws.rowp, ws.pk, QUERY_BLOCK);
     rows_of(uk, pl->dout, pl->do_direct, b, h, i0, nq, p->Dv, ws.dorows, &ld, ws.rowp);
-    uk->pack_q(nq, p->Dv, ws.rowp, ws.pv, BLOCK);
+    uk->pack_q(nq, p->Dv, ws.rowp, ws.pv, QUERY_BLOCK);
 
     int64_t jlo, jhi;
     sdpa__block_keys(p, i0, i0 + nq, &jlo, &jhi);
@@ -463,12 +650,17 @@ static void task_b(const bwd_plan *pl, int64_t task, int worker) {
                       (void *)sdpa__row_at(pl->dq, b, h, i0 + r), pl->dq->stride[3]);
 }
 
-static void bwd_task(void *arg, int64_t task, int worker) {
+/* The two-kind schedule's loop: tasks of kind A (one per key block of each pair), then of
+ * kind B. */
+static void two_kind_task(void *arg, int64_t task, int worker) {
     const bwd_plan *pl = arg;
-    if (task < pl->n_a)
-        task_a(pl, task, worker);
-    else
+    if (task < pl->n_a) {
+        const int64_t pair = task / pl->n_kb, kb = task % pl->n_kb;
+        bwd_scratch ws = scratch_of(pl, worker);
+        key_blocks(pl, &ws, pair / pl->p->Hkv, pair % pl->p->Hkv, kb, kb + 1, NULL, 0, 0, NULL);
+    } else {
         task_b(pl, task - pl->n_a, worker);
+    }
 }
 
 /* Delta_i = dO_i . O_i for the rows of one (b, h), summed in double: Lq Dv products, nothing
@@ -492,10 +684,83 @@ static void delta_task(void *arg, int64_t task, int worker) {
     }
 }
 
-sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
-                                 const sdpa_tensor *out, const sdpa_tensor *lse,
-                                 const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
-                                 sdpa_tensor *dv) {
+/* Splits a pair's key blocks into n chunks of about equal work (a block's work: the query rows
+ * that see it, times the group; chunk c starts at the first block before which the work done
+ * reaches c/n of the total) and finds each chunk's rows. @return the bytes of one pair's
+ * partials, as a double: the offsets (chunk_at) are set only when that fits `budget`. */
+static double plan_chunks(bwd_plan *pl, int n, size_t budget) {
+    const sdpa__problem *p = pl->p;
+    int64_t total = 0, first, last;
+    for (int64_t kb = 0; kb < pl->n_kb; kb++) {
+        block_rows(pl, kb, &first, &last);
+        total += last > first ? last - first : 0;
+    }
+    int64_t done = 0; /* <= n_kb Lq < 2^56, and n <= 8 */
+    int c = 1;
+    pl->chunk_kb[0] = 0;
+    for (int64_t kb = 0; kb < pl->n_kb; kb++) {
+        while (c < n && done * n >= c * total)
+            pl->chunk_kb[c++] = kb;
+        block_rows(pl, kb, &first, &last);
+        done += last > first ? last - first : 0;
+    }
+    while (c <= n)
+        pl->chunk_kb[c++] = pl->n_kb;
+    int64_t all_rows = 0;
+    for (c = 0; c < n; c++) {
+        int64_t lo = p->Lq, hi = 0;
+        for (int64_t kb = pl->chunk_kb[c]; kb < pl->chunk_kb[c + 1]; kb++) {
+            block_rows(pl, kb, &first, &last);
+            if (first < last) {
+                lo = first < lo ? first : lo;
+                hi = last > hi ? last : hi;
+            }
+        }
+        pl->chunk_lo[c] = lo < hi ? lo : 0;
+        pl->chunk_hi[c] = lo < hi ? hi : 0;
+        all_rows += pl->chunk_hi[c] - pl->chunk_lo[c];
+    }
+    pl->n_chunks = n;
+    const double bytes = (double)p->group * (double)all_rows * (double)pl->dkp * sizeof(float);
+    if (bytes <= (double)budget) {
+        pl->chunk_at[0] = 0;
+        for (c = 0; c < n; c++)
+            pl->chunk_at[c + 1] =
+                pl->chunk_at[c] + p->group * (pl->chunk_hi[c] - pl->chunk_lo[c]) * pl->dkp;
+    }
+    return bytes;
+}
+
+/* Chooses the schedule: one pass with as many chunks as TARGET_TASKS asks (at most MAX_CHUNKS
+ * and the key blocks), or fewer where one pair's partials would not fit the budget, and as
+ * many pairs to a wave as fit, up to TARGET_TASKS tasks; kinds A and B where no wave of two
+ * tasks fits (unless the problem has only one key block of one pair). Depends on the problem
+ * and the budget alone. */
+static void plan_schedule(bwd_plan *pl, size_t budget) {
+    const int64_t pairs = pl->p->B * pl->p->Hkv;
+    int64_t most = (TARGET_TASKS + pairs - 1) / pairs;
+    most = most < MAX_CHUNKS ? most : MAX_CHUNKS;
+    most = most < pl->n_kb ? most : pl->n_kb;
+    for (int n = (int)most; n >= 1; n--) {
+        const double bytes = plan_chunks(pl, n, budget);
+        const double fit = bytes > 0.0 ? floor((double)budget / bytes) : (double)pairs;
+        const int64_t enough = (TARGET_TASKS + n - 1) / n,
+                      most_pairs = enough < pairs ? enough : pairs;
+        const int64_t wave = fit >= (double)most_pairs ? most_pairs : (int64_t)fit;
+        if (wave >= 1 && (wave * n >= 2 || pairs * most < 2)) {
+            pl->fused = 1;
+            pl->wave_pairs = wave;
+            return;
+        }
+    }
+    pl->fused = 0;
+}
+
+sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,
+                                       const sdpa__problem *p, const sdpa_tensor *out,
+                                       const sdpa_tensor *lse, const sdpa_tensor *dout,
+                                       sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv,
+                                       const sdpa__bwd_tuning *tuning) {
     bwd_plan pl;
     memset(&pl, 0, sizeof pl);
     pl.p = p;
@@ -511,6 +776,14 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
     pl.n_a = p->B * p->Hkv * pl.n_kb;
     pl.dkp = sdpa__round_up(p->Dk, 16);
     pl.dvp = sdpa__round_up(p->Dv, 16);
+    const int64_t fits = 512 / (p->Dk + p->Dv); /* blocks of 512 (Dk + Dv) bytes in 256 KiB */
+    const double sweep =
+        (double)p->group * (double)p->Lq * (double)(2 * p->Dk + p->Dv) * sizeof(float);
+    pl.key_group = sweep <= SWEEP_IN_CACHE || fits < 1 ? 1
+                   : fits > MAX_KEY_GROUP              ? MAX_KEY_GROUP
+                                                       : (int)fits;
+    if (tuning->key_group >= 1 && tuning->key_group <= MAX_KEY_GROUP)
+        pl.key_group = tuning->key_group;
     pl.q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
     pl.k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
     pl.v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
@@ -522,24 +795,49 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
         pl.threshold = sdpa__dropout_threshold(p->dropout_p);
         sdpa__dropout_key(p->dropout_seed, p->dropout_offset, pl.key);
     }
+    plan_schedule(&pl, tuning->dq_budget);
     bwd_scratch unused;
     pl.per_worker = layout(&pl, NULL, &unused);
     const int workers = sdpa__n_workers(ctx);
+    const int64_t pairs = p->B * p->Hkv;
 
-    /* Delta's B Hq Lq floats first, then the workers' regions: all reserved before anything
-     * is written. B Hq Lq Dk elements of dq exist (an output never overlaps itself), so the
-     * product fits; the sum is checked anyway, a failure being reported as what it is. */
+    /* Delta's B Hq Lq floats first, then a wave's partials (at most dq_budget bytes), then the
+     * workers' regions: all reserved before anything is written. B Hq Lq Dk elements of dq
+     * exist (an output never overlaps itself), so the product fits; the sum is checked anyway,
+     * a failure being reported as what it is. */
     const uint64_t rows = (uint64_t)p->B * (uint64_t)p->Hq * (uint64_t)p->Lq;
     const size_t delta_bytes = (size_t)sdpa__round_up((int64_t)(rows * sizeof(float)), 64);
-    const size_t bytes = delta_bytes + (size_t)workers * pl.per_worker;
-    char *mem = bytes < delta_bytes ? NULL : sdpa__alloc(ctx, bytes, 64);
+    const size_t part_bytes =
+        pl.fused
+            ? ((size_t)(pl.wave_pairs * pl.chunk_at[pl.n_chunks]) * sizeof(float) + 63) / 64 * 64
+            : 0;
+    const size_t fixed = delta_bytes + part_bytes;
+    const size_t bytes = fixed + (size_t)workers * pl.per_worker;
+    char *mem = bytes < fixed ? NULL : sdpa__alloc(ctx, bytes, 64);
     if (mem == NULL)
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash backward: no memory for %zu bytes", bytes);
     pl.delta = (float *)mem;
-    pl.scratch = mem + delta_bytes;
+    pl.part = (float *)(mem + delta_bytes);
+    pl.scratch = mem + fixed;
 
     sdpa__parallel_for(ctx, p->B * p->Hq, delta_task, &pl);
-    sdpa__parallel_for(ctx, pl.n_a + p->B * p->Hq * pl.n_qb, bwd_task, &pl);
+    if (pl.fused) {
+        for (pl.wave0 = 0; pl.wave0 < pairs; pl.wave0 += pl.wave_pairs) {
+            const int64_t n = pairs - pl.wave0 < pl.wave_pairs ? pairs - pl.wave0 : pl.wave_pairs;
+            sdpa__parallel_for(ctx, n * pl.n_chunks, chunk_task, &pl);
+            sdpa__parallel_for(ctx, n * p->group * pl.n_qb, sum_task, &pl);
+        }
+    } else {
+        sdpa__parallel_for(ctx, pl.n_a + p->B * p->Hq * pl.n_qb, two_kind_task, &pl);
+    }
     sdpa__free(ctx, mem);
     return SDPA_OK;
+}
+
+sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
+                                 const sdpa_tensor *out, const sdpa_tensor *lse,
+                                 const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
+                                 sdpa_tensor *dv) {
+    const sdpa__bwd_tuning tuning = {DQ_BUDGET, 0};
+    return sdpa__flash_backward_tuned(self, ctx, p, out, lse, dout, dq, dk, dv, &tuning);
 }
