@@ -171,15 +171,6 @@ static int golden(fb_tensors *t, double **gq, double **gk, double **gv) {
 
 /* ---- the same-precision baseline ---------------------------------------------------------- */
 
-/* x rounded to dt (the storage type; intermediates of a framework's math path). */
-static double rnd(sdpa_dtype dt, double x) {
-    if (dt == SDPA_F16)
-        return (double)sdpa__f16_to_f32(sdpa__f64_to_f16(x));
-    if (dt == SDPA_BF16)
-        return (double)sdpa__bf16_to_f32(sdpa__f64_to_bf16(x));
-    return (double)(float)x;
-}
-
 /* A float accumulator's next value. */
 static double facc(double acc, double x) {
     return (double)(float)(acc + x);
@@ -189,10 +180,6 @@ static double facc(double acc, double x) {
  * arithmetic; exact products of half-precision values are unchanged). */
 static double fmac(double acc, double a, double b) {
     return facc(acc, (double)(float)(a * b));
-}
-
-static double mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j) {
-    return tu_get(m, m->shape[0] == 1 ? 0 : b, m->shape[1] == 1 ? 0 : h, i, j);
 }
 
 /* The naive backward in the storage type's precision, into gq (B, Hq, Lq, Dk), gk and gv
@@ -226,23 +213,23 @@ static void lp_backward(const fb_tensors *t, sdpa_dtype dt, double *gq, double *
                     double s = 0.0;
                     for (int64_t c = 0; c < Dk; c++)
                         s = fmac(s, tu_get(q, b, h, i, c), tu_get(k, b, hk, j, c));
-                    s = rnd(dt, s * scale);
+                    s = tu_round(dt, s * scale);
                     D[n] = 1.0;
                     if (pr->softcap > 0.0f) {
                         const double th = tanh(s / (double)pr->softcap);
-                        D[n] = rnd(dt, 1.0 - th * th);
-                        s = rnd(dt, (double)pr->softcap * th);
+                        D[n] = tu_round(dt, 1.0 - th * th);
+                        s = tu_round(dt, (double)pr->softcap * th);
                     }
                     if (pr->alibi_slopes)
-                        s = rnd(dt, s - (double)pr->alibi_slopes[h] * fabs((double)rel));
+                        s = tu_round(dt, s - (double)pr->alibi_slopes[h] * fabs((double)rel));
                     if (pr->mask) {
-                        const double mv = mask_at(pr->mask, b, h, i, j);
+                        const double mv = tu_mask_at(pr->mask, b, h, i, j);
                         if (pr->mask->dtype == SDPA_BOOL)
                             seen = seen && mv != 0.0;
                         else if (mv == -INFINITY)
                             seen = 0;
                         else
-                            s = rnd(dt, s + mv);
+                            s = tu_round(dt, s + mv);
                     }
                     S[n] = s;
                     vis[n] = (unsigned char)(seen && s != -INFINITY);
@@ -257,12 +244,12 @@ static void lp_backward(const fb_tensors *t, sdpa_dtype dt, double *gq, double *
                 const double lse = tu_get(&t->lse.t, b, h, i, 0);
                 for (int64_t j = 0; j < Lk; j++)
                     P[i * Lk + j] = vis[i * Lk + j] && lse != -INFINITY
-                                        ? rnd(dt, exp(S[i * Lk + j] - lse))
+                                        ? tu_round(dt, exp(S[i * Lk + j] - lse))
                                         : 0.0;
                 double delta = 0.0;
                 for (int64_t c = 0; c < Dv; c++)
                     delta = fmac(delta, tu_get(dout, b, h, i, c), tu_get(&t->o.t, b, h, i, c));
-                delta = rnd(dt, delta);
+                delta = tu_round(dt, delta);
                 double *gq_i = gq + ((b * Hq + h) * Lq + i) * Dk;
                 for (int64_t c = 0; c < Dk; c++)
                     gq_i[c] = 0.0;
@@ -272,27 +259,27 @@ static void lp_backward(const fb_tensors *t, sdpa_dtype dt, double *gq, double *
                     const int64_t n = i * Lk + j;
                     double *gv_j = gv + ((b * Hkv + hk) * Lk + j) * Dv;
                     double *gk_j = gk + ((b * Hkv + hk) * Lk + j) * Dk;
-                    const double pt = rnd(dt, Z[n] * P[n]);
+                    const double pt = tu_round(dt, Z[n] * P[n]);
                     double dpt = 0.0;
                     for (int64_t c = 0; c < Dv; c++) {
                         gv_j[c] = fmac(gv_j[c], pt, tu_get(dout, b, h, i, c));
                         dpt = fmac(dpt, tu_get(dout, b, h, i, c), tu_get(v, b, hk, j, c));
                     }
-                    const double dp = rnd(dt, Z[n] * rnd(dt, dpt));
-                    const double ds = rnd(dt, rnd(dt, P[n] * (dp - delta)) * D[n]);
+                    const double dp = tu_round(dt, Z[n] * tu_round(dt, dpt));
+                    const double ds = tu_round(dt, tu_round(dt, P[n] * (dp - delta)) * D[n]);
                     for (int64_t c = 0; c < Dk; c++) {
-                        gq_i[c] = fmac(gq_i[c], rnd(dt, scale * ds), tu_get(k, b, hk, j, c));
-                        gk_j[c] = fmac(gk_j[c], rnd(dt, scale * ds), tu_get(q, b, h, i, c));
+                        gq_i[c] = fmac(gq_i[c], tu_round(dt, scale * ds), tu_get(k, b, hk, j, c));
+                        gk_j[c] = fmac(gk_j[c], tu_round(dt, scale * ds), tu_get(q, b, h, i, c));
                     }
                 }
                 for (int64_t c = 0; c < Dk; c++)
-                    gq_i[c] = rnd(dt, gq_i[c]);
+                    gq_i[c] = tu_round(dt, gq_i[c]);
             }
         }
     for (int64_t n = 0; n < B * Hkv * Lk * Dk; n++)
-        gk[n] = rnd(dt, gk[n]);
+        gk[n] = tu_round(dt, gk[n]);
     for (int64_t n = 0; n < B * Hkv * Lk * Dv; n++)
-        gv[n] = rnd(dt, gv[n]);
+        gv[n] = tu_round(dt, gv[n]);
     free(S);
     free(D);
     free(P);

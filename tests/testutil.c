@@ -154,8 +154,7 @@ double *tu_to_doubles(const sdpa_tensor *t) {
     return x;
 }
 
-/* Rounds x to the precision of lp_dtype (-1: keep double). */
-static double rnd(int lp_dtype, double x) {
+double tu_round(int lp_dtype, double x) {
     switch (lp_dtype) {
     case SDPA_F32:
         return (double)(float)x;
@@ -168,13 +167,11 @@ static double rnd(int lp_dtype, double x) {
     }
 }
 
-/* Accumulators: double when exact, float otherwise (half-precision math accumulates in f32). */
-static double acc_rnd(int lp_dtype, double x) {
+double tu_acc_round(int lp_dtype, double x) {
     return lp_dtype < 0 ? x : (double)(float)x;
 }
 
-/* The mask value at (b, h, i, j), broadcasting extents of 1. */
-static double mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j) {
+double tu_mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j) {
     return tu_get(m, m->shape[0] == 1 ? 0 : b, m->shape[1] == 1 ? 0 : h, m->shape[2] == 1 ? 0 : i,
                   m->shape[3] == 1 ? 0 : j);
 }
@@ -201,20 +198,21 @@ void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_ten
                     int seen = !(wl >= 0 && rel < -wl) && !(wr >= 0 && rel > wr);
                     double s = 0.0;
                     for (int64_t d = 0; d < Dk; d++)
-                        s = acc_rnd(lp_dtype, s + tu_get(q, b, h, i, d) * tu_get(k, b, hk, j, d));
-                    s = rnd(lp_dtype, s * scale);
+                        s = tu_acc_round(lp_dtype,
+                                         s + tu_get(q, b, h, i, d) * tu_get(k, b, hk, j, d));
+                    s = tu_round(lp_dtype, s * scale);
                     if (pr->softcap > 0.0f)
-                        s = rnd(lp_dtype, (double)pr->softcap * tanh(s / (double)pr->softcap));
+                        s = tu_round(lp_dtype, (double)pr->softcap * tanh(s / (double)pr->softcap));
                     if (pr->alibi_slopes)
-                        s = rnd(lp_dtype, s - (double)pr->alibi_slopes[h] * fabs((double)rel));
+                        s = tu_round(lp_dtype, s - (double)pr->alibi_slopes[h] * fabs((double)rel));
                     if (pr->mask) {
-                        const double mv = mask_at(pr->mask, b, h, i, j);
+                        const double mv = tu_mask_at(pr->mask, b, h, i, j);
                         if (pr->mask->dtype == SDPA_BOOL)
                             seen = seen && mv != 0.0;
                         else if (mv == -INFINITY)
                             seen = 0; /* a -inf bias hides the key, even from a NaN score */
                         else
-                            s = rnd(lp_dtype, s + mv);
+                            s = tu_round(lp_dtype, s + mv);
                     }
                     if (s == -INFINITY)
                         seen = 0;
@@ -239,7 +237,8 @@ void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_ten
                 double sum = 0.0;
                 for (int64_t j = 0; j < Lk && any && !bad; j++)
                     if (vis[i * Lk + j])
-                        sum = acc_rnd(lp_dtype, sum + acc_rnd(lp_dtype, exp(S[i * Lk + j] - m)));
+                        sum = tu_acc_round(lp_dtype,
+                                           sum + tu_acc_round(lp_dtype, exp(S[i * Lk + j] - m)));
                 double *o = out + ((b * Hq + h) * Lq + i) * Dv;
                 for (int64_t d = 0; d < Dv; d++) {
                     double acc = 0.0;
@@ -249,15 +248,15 @@ void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_ten
                         for (int64_t j = 0; j < Lk; j++) {
                             if (!vis[i * Lk + j])
                                 continue;
-                            const double p = rnd(lp_dtype, exp(S[i * Lk + j] - m) / sum);
-                            acc = acc_rnd(lp_dtype, acc + p * tu_get(v, b, hk, j, d));
+                            const double p = tu_round(lp_dtype, exp(S[i * Lk + j] - m) / sum);
+                            acc = tu_acc_round(lp_dtype, acc + p * tu_get(v, b, hk, j, d));
                         }
                     }
-                    o[d] = rnd(lp_dtype, acc);
+                    o[d] = tu_round(lp_dtype, acc);
                 }
                 if (lse)
                     lse[(b * Hq + h) * Lq + i] =
-                        bad ? NAN : (any ? acc_rnd(lp_dtype, m + log(sum)) : -INFINITY);
+                        bad ? NAN : (any ? tu_acc_round(lp_dtype, m + log(sum)) : -INFINITY);
             }
         }
     }
@@ -296,7 +295,7 @@ int tu_rule(const char *what, const double *test, const double *lp, const double
             err_test = e;
         if (lp != NULL && isfinite(lp[i]) && fabs(lp[i] - g) > err_lp)
             err_lp = fabs(lp[i] - g);
-        const double fl = fabs(rnd((int)dt, g + 0.3) - 0.3 - g);
+        const double fl = fabs(tu_round((int)dt, g + 0.3) - 0.3 - g);
         if (2.0 * fl > floor_)
             floor_ = 2.0 * fl;
         if (fabs(g) + 0.3 > max_abs)

@@ -104,6 +104,14 @@ int tu_rule(const char *what, const double *test, const double *lp, const double
 /* Reads a whole (B, H, L, D) tensor into a contiguous double array (caller frees). */
 double *tu_to_doubles(const sdpa_tensor *t);
 
+/* The oracles' rounding: x rounded to the precision of lp_dtype (F32, F16, BF16; -1 keeps
+ * double), and an accumulator's next value (f32 for every storage precision, as half-precision
+ * math accumulates in f32; double for -1). */
+double tu_round(int lp_dtype, double x);
+double tu_acc_round(int lp_dtype, double x);
+/* The mask value at (b, h, i, j) of a (B, Hq, Lq, Lk) mask, broadcasting extents of 1. */
+double tu_mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j);
+
 /* Creates a context or aborts the test program (tests only). */
 sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa);
 

@@ -39,32 +39,12 @@
 
 /* ---- the naive backward ------------------------------------------------------------------ */
 
-/* x rounded to lp's precision (-1: kept in double). */
-static double rnd(int lp, double x) {
-    switch (lp) {
-    case SDPA_F32:
-        return (double)(float)x;
-    case SDPA_F16:
-        return (double)sdpa__f16_to_f32(sdpa__f64_to_f16(x));
-    case SDPA_BF16:
-        return (double)sdpa__bf16_to_f32(sdpa__f64_to_bf16(x));
-    default:
-        return x;
-    }
-}
-
-/* Sums: in double for the double pass, else in f32 (half-precision math accumulates in f32). */
-static double acc(int lp, double x) {
-    return lp < 0 ? x : (double)(float)x;
-}
-
 /* The additive mask value of (b, h, i, j); 0 for a bool mask or none. */
 static double bias_at(const fz_case *c, int64_t b, int64_t h, int64_t i, int64_t j) {
     const sdpa_tensor *m = c->params.mask;
     if (m == NULL || m->dtype == SDPA_BOOL)
         return 0.0;
-    return tu_get(m, m->shape[0] == 1 ? 0 : b, m->shape[1] == 1 ? 0 : h, m->shape[2] == 1 ? 0 : i,
-                  m->shape[3] == 1 ? 0 : j);
+    return tu_mask_at(m, b, h, i, j);
 }
 
 /* The rounding unit of a dtype's values. */
@@ -120,7 +100,7 @@ static void naive_row(const fz_case *c, int lp, int grads, double ds, const doub
     const double *dO = grads ? DO + ((b * c->Hq + h) * c->Lq + i) * Dv : NULL;
     double *o = out->o + ((b * c->Hq + h) * c->Lq + i) * Dv;
     const double pd = c->dropout ? (double)c->drop_p : 0.0;
-    const double zf = rnd(lp < 0 ? -1 : SDPA_F32, 1.0 / (1.0 - pd));
+    const double zf = tu_round(lp < 0 ? -1 : SDPA_F32, 1.0 / (1.0 - pd));
 
     // the scores, their maximum; a NaN or +inf score makes the row NaN
     double m = -INFINITY;
@@ -133,21 +113,21 @@ static void naive_row(const fz_case *c, int lp, int grads, double ds, const doub
             continue;
         double dot = 0.0;
         for (int64_t d = 0; d < Dk; d++)
-            dot = acc(lp, dot + q[d] * kj[d]);
-        const double x = rnd(lp, dot * scale);
+            dot = tu_acc_round(lp, dot + q[d] * kj[d]);
+        const double x = tu_round(lp, dot * scale);
         double s = x;
         w->g[j] = 1.0;
         w->t[j] = 0.0;
         if (cap > 0.0) {
-            const double t = rnd(lp, tanh(x / cap));
+            const double t = tu_round(lp, tanh(x / cap));
             const double ch = cosh(x / cap);
-            s = rnd(lp, cap * t);
+            s = tu_round(lp, cap * t);
             w->t[j] = t;
-            w->g[j] = lp < 0 ? 1.0 / (ch * ch) : rnd(lp, 1.0 - rnd(lp, t * t));
+            w->g[j] = lp < 0 ? 1.0 / (ch * ch) : tu_round(lp, 1.0 - tu_round(lp, t * t));
         }
         if (p->alibi_slopes != NULL)
-            s = rnd(lp, s - (double)p->alibi_slopes[h] * fabs((double)(j - (i + off))));
-        s = rnd(lp, s + bias_at(c, b, h, i, j));
+            s = tu_round(lp, s - (double)p->alibi_slopes[h] * fabs((double)(j - (i + off))));
+        s = tu_round(lp, s + bias_at(c, b, h, i, j));
         if (s == -INFINITY) {
             w->vis[j] = 0;
             continue;
@@ -164,16 +144,16 @@ static void naive_row(const fz_case *c, int lp, int grads, double ds, const doub
     double sum = 0.0;
     for (int64_t j = 0; j < Lk && any && !nan_row; j++)
         if (w->vis[j])
-            sum = acc(lp, sum + acc(lp, exp(w->s[j] - m)));
+            sum = tu_acc_round(lp, sum + tu_acc_round(lp, exp(w->s[j] - m)));
     for (int64_t j = 0; j < Lk; j++) {
         w->P[j] = w->pt[j] = w->z[j] = 0.0;
         if (!w->vis[j])
             continue;
-        w->P[j] = nan_row ? NAN : rnd(lp, exp(w->s[j] - m) / sum);
+        w->P[j] = nan_row ? NAN : tu_round(lp, exp(w->s[j] - m) / sum);
         w->z[j] = 1.0;
         if (c->dropout)
             w->z[j] = sdpa__dropout_keep(c->drop_seed, c->drop_offset, b, h, i, j, pd) ? zf : 0.0;
-        w->pt[j] = c->dropout ? rnd(lp, w->z[j] * w->P[j]) : w->P[j];
+        w->pt[j] = c->dropout ? tu_round(lp, w->z[j] * w->P[j]) : w->P[j];
     }
     for (int64_t d = 0; d < Dv; d++) {
         double a = 0.0, aa = 0.0;
@@ -181,10 +161,10 @@ static void naive_row(const fz_case *c, int lp, int grads, double ds, const doub
             if (!w->vis[j])
                 continue;
             const double vjd = V[((b * c->Hkv + hk) * Lk + j) * Dv + d];
-            a = acc(lp, a + w->pt[j] * vjd);
+            a = tu_acc_round(lp, a + w->pt[j] * vjd);
             aa += w->pt[j] * fabs(vjd);
         }
-        o[d] = rnd(lp, a);
+        o[d] = tu_round(lp, a);
         w->oa[d] = aa;
     }
     if (!grads)
@@ -193,10 +173,10 @@ static void naive_row(const fz_case *c, int lp, int grads, double ds, const doub
     // the backward of the row
     double delta = 0.0, delta_a = 0.0;
     for (int64_t d = 0; d < Dv; d++) {
-        delta = acc(lp, delta + dO[d] * o[d]);
+        delta = tu_acc_round(lp, delta + dO[d] * o[d]);
         delta_a += fabs(dO[d]) * w->oa[d];
     }
-    delta = rnd(lp, delta);
+    delta = tu_round(lp, delta);
     const double e_delta = (eP + uo + (double)(Dv + 2) * u) * delta_a;
     for (int64_t d = 0; d < Dk; d++)
         w->dq[d] = w->nq[d] = 0.0;
@@ -207,20 +187,20 @@ static void naive_row(const fz_case *c, int lp, int grads, double ds, const doub
         const double *vj = V + ((b * c->Hkv + hk) * Lk + j) * Dv;
         double dpt = 0.0, a = 0.0;
         for (int64_t d = 0; d < Dv; d++) {
-            dpt = acc(lp, dpt + dO[d] * vj[d]);
+            dpt = tu_acc_round(lp, dpt + dO[d] * vj[d]);
             a += fabs(dO[d]) * fabs(vj[d]);
         }
-        dpt = rnd(lp, dpt);
-        const double dp = c->dropout ? rnd(lp, w->z[j] * dpt) : dpt;
-        const double dS = rnd(lp, w->P[j] * rnd(lp, dp - delta));
-        const double dX = cap > 0.0 ? rnd(lp, dS * w->g[j]) : dS;
+        dpt = tu_round(lp, dpt);
+        const double dp = c->dropout ? tu_round(lp, w->z[j] * dpt) : dpt;
+        const double dS = tu_round(lp, w->P[j] * tu_round(lp, dp - delta));
+        const double dX = cap > 0.0 ? tu_round(lp, dS * w->g[j]) : dS;
         double *dk_j = w->dk + j * Dk, *dv_j = w->dv + j * Dv;
         for (int64_t d = 0; d < Dk; d++) {
-            w->dq[d] = acc(lp, w->dq[d] + dX * kj[d]);
-            dk_j[d] = acc(lp, dk_j[d] + dX * q[d]);
+            w->dq[d] = tu_acc_round(lp, w->dq[d] + dX * kj[d]);
+            dk_j[d] = tu_acc_round(lp, dk_j[d] + dX * q[d]);
         }
         for (int64_t d = 0; d < Dv; d++)
-            dv_j[d] = acc(lp, dv_j[d] + w->pt[j] * dO[d]);
+            dv_j[d] = tu_acc_round(lp, dv_j[d] + w->pt[j] * dO[d]);
         if (lp >= 0)
             continue;
         // the bounds (see above)
@@ -244,7 +224,7 @@ static void naive_row(const fz_case *c, int lp, int grads, double ds, const doub
     }
     for (int64_t d = 0; d < Dk; d++) {
         const int64_t at = ((b * c->Hq + h) * c->Lq + i) * Dk + d;
-        out->dq[at] = nan_row ? NAN : rnd(lp, scale * w->dq[d]);
+        out->dq[at] = nan_row ? NAN : tu_round(lp, scale * w->dq[d]);
         if (lp < 0)
             out->nq[at] = 2.0 * w->nq[d];
     }
@@ -295,12 +275,12 @@ void fz_naive_run(const fz_case *c, int lp, int grads, fz_naive *out) {
             for (int64_t j = 0; j < Lk; j++) {
                 const int64_t r = (b * Hkv + hk) * Lk + j;
                 for (int64_t d = 0; d < Dk; d++) {
-                    out->dk[r * Dk + d] = rnd(lp, scale * w.dk[j * Dk + d]);
+                    out->dk[r * Dk + d] = tu_round(lp, scale * w.dk[j * Dk + d]);
                     if (lp < 0)
                         out->nk[r * Dk + d] = 2.0 * w.nk[j * Dk + d];
                 }
                 for (int64_t d = 0; d < Dv; d++) {
-                    out->dv[r * Dv + d] = rnd(lp, w.dv[j * Dv + d]);
+                    out->dv[r * Dv + d] = tu_round(lp, w.dv[j * Dv + d]);
                     if (lp < 0)
                         out->nv[r * Dv + d] = 2.0 * w.nv[j * Dv + d];
                 }

@@ -5,10 +5,10 @@
 # Configures a separate build in BUILD_DIR with the project's SDPA_TSAN option
 # (ThreadSanitizer cannot be combined with the AddressSanitizer build), builds test_pool,
 # test_properties (which compares results across thread counts), test_threads and
-# test_flash_backward (its determinism case only: the tiled backward's two kinds of task over
-# 1 to 16 threads; the rest of it is single-threaded work against the reference), and runs
-# them with halt_on_error=1, so that a data race fails the test instead of only printing a
-# report. The compiler is $CC or cc; gcc >= 7 and clang both support -fsanitize=thread. Exits
+# test_flash_backward (its determinism cases only: the tiled backward's chunk tasks, dQ sums
+# and two-pass fallback over 1 to 16 threads; the rest of it is single-threaded work against
+# the reference), and runs them with halt_on_error=1, so that a data race fails the test
+# instead of only printing a report. The compiler is $CC or cc; gcc >= 7 and clang both support -fsanitize=thread. Exits
 # non-zero on any failure.
 set -euo pipefail
 
