@@ -165,7 +165,7 @@ SDPA_API sdpa_tensor sdpa_tensor_blhd(void *data, sdpa_dtype dtype, int64_t b, i
 typedef enum sdpa_isa {
     SDPA_ISA_AUTO = 0,    /* no cap: the best level the CPU and OS support */
     SDPA_ISA_GENERIC = 1, /* portable C */
-    SDPA_ISA_AVX2 = 2,    /* x86-64 AVX2 + FMA */
+    SDPA_ISA_AVX2 = 2,    /* x86-64 AVX2 + FMA + F16C */
     SDPA_ISA_AVX512 = 3,  /* x86-64 AVX-512 F/BW/DQ/VL */
     SDPA_ISA_AMX = 4      /* x86-64 AMX tiles */
 } sdpa_isa;

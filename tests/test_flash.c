@@ -410,6 +410,85 @@ static void test_thread_determinism(void) {
     tu_free(&l2);
 }
 
-CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_tile_boundaries), CASE(test_few_rows),
-           CASE(test_hidden_keys_bitwise), CASE(test_accumulator_overflow),
+/* Every table's widening and storing are bitwise the portable entries' (ukernels.h), NaN
+ * included: all 65536 patterns of f16 and bf16 widened at every alignment of a row's tail,
+ * and, narrowed, f32 values of every exponent with the ties, overflow edges, subnormals,
+ * zeros, infinities and NaNs, times scales that make more of them, at lengths 1 to 37 (the
+ * vector tails) and with a feature stride of 3. */
+static void test_convert_rows(void) {
+    enum { NP = 65536, NF = 1 << 16 };
+    uint16_t *h = malloc(NP * sizeof *h);
+    float *want = malloc(NP * sizeof *want), *got = malloc(NP * sizeof *got);
+    float *f = malloc(NF * sizeof *f);
+    uint16_t *hw = malloc(3 * NF * sizeof *hw), *hg = malloc(3 * NF * sizeof *hg);
+    for (unsigned u = 0; u < NP; u++)
+        h[u] = (uint16_t)u;
+    tu_rng rng = {12345};
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
+        0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477fffffu, 0x33800000u, 0x33000000u, 0x33000001u,
+        0x387fc000u, 0x7f7f8000u, 0x7f7fffffu, 0x7f7f7fffu, 0x00008000u, 0x00018000u};
+    const size_t n_special = sizeof special / sizeof special[0];
+    for (int c = 0; c < NF; c++) {
+        uint32_t u = (uint32_t)tu_next(&rng);
+        if ((size_t)c < n_special)
+            u = special[c];
+        else if (c % 3 == 0) /* ties of f16 and bf16: the cut bits exactly one half */
+            u = (u & 0xffff0000u) | (c % 2 ? 0x8000u : 0x1000u);
+        else if (c % 3 == 1) /* exponents around f16's range and subnormals */
+            u = (u & 0x807fffffu) | ((uint32_t)(96 + tu_next(&rng) % 48) << 23);
+        memcpy(&f[c], &u, sizeof u);
+    }
+    static const float scales[] = {1.0f, 0.5f, 3.0f, 1e-30f};
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
+            continue;
+        }
+        int bad = 0;
+        for (int elem = SDPA__ELEM_F16; elem <= SDPA__ELEM_BF16; elem++) {
+            sdpa__load_row_generic(elem, NP, h, 1, want);
+            for (int64_t n0 = 0; n0 < 37; n0++) { /* rows of 1..37 from every start */
+                uk->load_row(elem, NP - n0 * 1000 - n0, h + n0 * 1000, 1, got);
+                if (memcmp(got, want + n0 * 1000, (size_t)(NP - n0 * 1001) * sizeof *got) != 0)
+                    CHECK_MSG(bad++ > 0, "[%s] load_row elem %d from %lld differs", uk->name, elem,
+                              (long long)(n0 * 1000));
+            }
+            uk->load_row(elem, NP / 3, h, 3, got);
+            sdpa__load_row_generic(elem, NP / 3, h, 3, want);
+            if (memcmp(got, want, (size_t)(NP / 3) * sizeof *got) != 0)
+                CHECK_MSG(bad++ > 0, "[%s] strided load_row elem %d differs", uk->name, elem);
+            for (size_t sc = 0; sc < sizeof scales / sizeof scales[0]; sc++)
+                for (int64_t len = 1; len <= 37; len++) {
+                    for (int64_t c0 = 0; c0 + len <= NF; c0 += len) {
+                        uk->store_row(elem, len, f + c0, scales[sc], hg + c0, 1);
+                        sdpa__store_row_generic(elem, len, f + c0, scales[sc], hw + c0, 1);
+                    }
+                    if (memcmp(hg, hw, (size_t)(NF - NF % len) * sizeof *hg) != 0)
+                        CHECK_MSG(bad++ > 0, "[%s] store_row elem %d len %lld scale %g differs",
+                                  uk->name, elem, (long long)len, (double)scales[sc]);
+                }
+            memset(hg, 0, 3 * NF * sizeof *hg);
+            memset(hw, 0, 3 * NF * sizeof *hw);
+            uk->store_row(elem, NF, f, 1.0f, hg, 3);
+            sdpa__store_row_generic(elem, NF, f, 1.0f, hw, 3);
+            if (memcmp(hg, hw, 3 * NF * sizeof *hg) != 0)
+                CHECK_MSG(bad++ > 0, "[%s] strided store_row elem %d differs", uk->name, elem);
+        }
+        printf("    %-8s load_row and store_row: %s\n", uk->name, bad ? "DIFFER" : "bitwise equal");
+        CHECK_INT_EQ(bad, 0);
+    }
+    free(h);
+    free(want);
+    free(got);
+    free(f);
+    free(hw);
+    free(hg);
+}
+
+CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_convert_rows), CASE(test_tile_boundaries),
+           CASE(test_few_rows), CASE(test_hidden_keys_bitwise), CASE(test_accumulator_overflow),
            CASE(test_score_overflow), CASE(test_nan_inside_tiles), CASE(test_thread_determinism))

@@ -27,8 +27,8 @@ float sdpa__f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     const uint32_t exp = (h >> 10) & 0x1fu;
     const uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) /* inf or NaN; keep the payload's top bits */
-        return bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 0x1f) /* inf, or a NaN made quiet with its payload's bits (as vcvtph2ps does) */
+        return bits_f32(sign | 0x7f800000u | (man != 0 ? 0x400000u : 0u) | (man << 13));
     if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in binary32 */
         const float mag = (float)man * 0x1p-24f;
         return sign ? -mag : mag;

@@ -27,7 +27,7 @@ enum sdpa__cpu_feature {
 };
 
 /* The sets the tables of this build require. */
-#define SDPA__NEEDS_AVX2 (SDPA__CPU_AVX2 | SDPA__CPU_FMA)
+#define SDPA__NEEDS_AVX2 (SDPA__CPU_AVX2 | SDPA__CPU_FMA | SDPA__CPU_F16C)
 #define SDPA__NEEDS_AVX512                                                                         \
     (SDPA__NEEDS_AVX2 | SDPA__CPU_AVX512F | SDPA__CPU_AVX512BW | SDPA__CPU_AVX512DQ |              \
      SDPA__CPU_AVX512VL)

@@ -84,8 +84,15 @@ void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride
 void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,
                              int64_t stride);
 
-/* The x86 tables, built where the compiler targets x86. */
+/* The x86 tables, built where the compiler targets x86, and their vectorised widening and
+ * storing (convert_<isa>.c: bitwise the portable entries' results). */
 extern const sdpa__ukernels sdpa__uk_avx2;
 extern const sdpa__ukernels sdpa__uk_avx512;
+void sdpa__load_row_avx2(int elem, int64_t n, const void *src, int64_t stride, float *dst);
+void sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, void *dst,
+                          int64_t stride);
+void sdpa__load_row_avx512(int elem, int64_t n, const void *src, int64_t stride, float *dst);
+void sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
+                            int64_t stride);
 
 #endif /* SDPA_UKERNELS_H */

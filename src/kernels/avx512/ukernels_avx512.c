@@ -449,6 +449,6 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .exp_lse = exp_lse_avx512,
     .pv = pv_avx512,
     .pv_careful = pv_careful_avx512,
-    .load_row = sdpa__load_row_generic,
-    .store_row = sdpa__store_row_generic,
+    .load_row = sdpa__load_row_avx512,
+    .store_row = sdpa__store_row_avx512,
 };

@@ -1,0 +1,74 @@
+/*
+ * convert_avx512.c — the AVX-512 table's widening and storing (ukernels.h, load_row and
+ * store_row), 16 lanes at a time: f16 through vcvtph2ps / vcvtps2ph (AVX-512F), bf16 by
+ * shifting its 16 bits into the top half of a binary32 and back with an integer round to
+ * nearest, ties to even. The row's tail is one masked step, not a scalar loop. Compiled with
+ * the table's AVX-512 flags for this file only.
+ *
+ * Every result is bitwise the portable entries' (sdpa__load_row_generic and
+ * sdpa__store_row_generic), NaN included: a NaN is stored as the quiet NaN of its sign
+ * (0x7e00 / 0xfe00 in f16, 0x7fc0 / 0xffc0 in bf16), as the portable narrowing does. Strided
+ * rows (a feature stride other than 1) go to the portable entries.
+ */
+#include "../ukernels.h"
+
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE __mmask16 first(int64_t n) {
+    return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1u);
+}
+
+/* 16 halves from h (lanes of m) widened to f32. */
+INLINE __m512 widen(int elem, const uint16_t *h, __mmask16 m) {
+    const __m256i w = _mm256_maskz_loadu_epi16(m, h);
+    if (elem == SDPA__ELEM_F16)
+        return _mm512_cvtph_ps(w);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
+}
+
+/* x (NaN lanes made the quiet NaN of their sign, which both narrowings turn into the
+ * portable code's NaN) rounded to 16 halves. bf16: adding 0x7fff plus the lowest kept bit
+ * carries into the kept half exactly when the cut half is above one half, or equal and the
+ * kept part odd; overflow carries into inf. */
+INLINE __m256i narrow(int elem, __m512 x) {
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+    x = _mm512_mask_mov_ps(
+        x, nan, _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x7fc00000))));
+    if (elem == SDPA__ELEM_F16)
+        return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    return _mm512_cvtepi32_epi16(r);
+}
+
+void sdpa__load_row_avx512(int elem, int64_t n, const void *src, int64_t stride, float *dst) {
+    if (elem == SDPA__ELEM_F32 || (stride != 1 && n > 1)) {
+        sdpa__load_row_generic(elem, n, src, stride, dst);
+        return;
+    }
+    const uint16_t *h = src;
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 m = first(n - c);
+        _mm512_mask_storeu_ps(dst + c, m, widen(elem, h + c, m));
+    }
+}
+
+void sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
+                            int64_t stride) {
+    if (elem == SDPA__ELEM_F32 || (stride != 1 && n > 1)) {
+        sdpa__store_row_generic(elem, n, src, scale, dst, stride);
+        return;
+    }
+    uint16_t *h = dst;
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 m = first(n - c);
+        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + c), sc);
+        _mm256_mask_storeu_epi16(h + c, m, narrow(elem, x));
+    }
+}
