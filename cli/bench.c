@@ -2,9 +2,10 @@
  * bench.c — `sdpa bench`: times sdpa_forward through the public API at a list of shapes and
  * reports, per shape, the median time of N repetitions (and min/max), GFLOP/s, the bandwidth
  * of reading K and V, the peak extra memory the library allocated, and the ratio of each rate
- * to this machine's FP32 FMA peak and read bandwidth, which the same run measures at its
- * start and at its end (bench_peak.c). A table goes to stdout; --json FILE writes every
- * figure.
+ * to this machine's FP32 FMA peak, which the same run measures at its start and at its end,
+ * and to the read bandwidth at the shape's own working set, measured right before and after
+ * it (bench_peak.c). Q/O and K/V are f32, f16 or bf16 (--dtype, --kv-dtype). A table goes to
+ * stdout; --json FILE writes every figure.
  *
  * Inputs are filled from fixed seeds, so every run times the same numbers. Each shape gets a
  * fresh context whose allocator hooks count bytes, so the extra memory is exact (for what the
@@ -30,24 +31,41 @@
 enum { MAX_SHAPES = 64 };
 
 static const char help[] =
-    "usage: sdpa bench [--preset quick|full] [--shape SPEC]... [--threads N] [--json FILE]\n"
-    "                  [--reps N] [--warmup N] [--min-time S] [--peak-isa ISA] [--backward]\n"
+    "usage: sdpa bench [--preset quick|full|decode] [--shape SPEC]... [--dtype T]\n"
+    "                  [--kv-dtype T] [--threads N] [--json FILE] [--reps N] [--warmup N]\n"
+    "                  [--min-time S] [--peak-isa ISA] [--backward]\n"
     "\n"
-    "Times sdpa_forward (f32, (B, H, L, D) contiguous, fixed-seed inputs) at a list of shapes\n"
-    "and measures this machine's FP32 FMA peak and read bandwidth at the start and at the end\n"
-    "of the same run, with the same number of threads, so that the figures can be compared\n"
-    "with what the machine can do under today's load.\n"
+    "Times sdpa_forward ((B, H, L, D) contiguous, fixed-seed inputs) at a list of shapes and\n"
+    "measures this machine's FP32 FMA peak and read bandwidth at the start and at the end of\n"
+    "the same run, and the read bandwidth at each shape's working set right before and after\n"
+    "it, with the same number of threads, so that the figures can be compared with what the\n"
+    "machine can do under today's load.\n"
     "\n"
     "options:\n"
-    "  --preset quick|full  the shapes to time (default quick). quick: a handful of small\n"
+    "  --preset NAME        the shapes to time (default quick). quick: a handful of small\n"
     "                       shapes (seconds even on the reference). full: the targets of the\n"
     "                       fast forward: B=1 H=16 D=64 L=512..4096, H=8 D=128 L=2048, their\n"
     "                       causal variants, and a decode step (Lq=1, Lk=4096, H=32, Hkv=8).\n"
+    "                       decode: the decode targets, Lq=1 D=128 Hq=32: Hkv=8 and 32 at\n"
+    "                       Lk=32768 and 4096, and B=8 Hkv=8 Lk=4096 (as many cache bytes as\n"
+    "                       one Lk=32768 sequence), with f32 Q/O and an f16 K/V cache unless\n"
+    "                       --dtype or --kv-dtype says otherwise; plus Hkv=8 and 32 at\n"
+    "                       Lk=32768 with an f32 cache, always f32.\n"
     "  --shape SPEC         time this shape instead of the preset's (repeatable).\n"
-    "                       SPEC = B,H,Lq,Lk,D[,MASK] where H is Hq or Hq/Hkv (grouped-query\n"
-    "                       attention) and MASK is none (default), causal (top-left aligned,\n"
-    "                       as PyTorch's is_causal) or causal-br (bottom-right aligned).\n"
-    "  --threads N          threads of the library and of the peak probe (default 0 = one per\n"
+    "                       SPEC = B,H,Lq,Lk,D[,MASK][,DTYPE] where H is Hq or Hq/Hkv\n"
+    "                       (grouped-query attention), MASK is none (default), causal\n"
+    "                       (top-left aligned, as PyTorch's is_causal) or causal-br\n"
+    "                       (bottom-right aligned), and DTYPE is T (Q, K, V and O) or T/KVT\n"
+    "                       (Q and O, then K and V), e.g. 1,32/8,1,4096,128,f32/f16; it wins\n"
+    "                       over --dtype and --kv-dtype for that shape.\n"
+    "  --dtype T            f32 (default), f16 or bf16: the dtype of Q, K, V and O. The\n"
+    "                       fixed-seed inputs (uniform in [-1, 1)) are drawn in f32 and\n"
+    "                       rounded once to it (to nearest even).\n"
+    "  --kv-dtype T         the dtype of K and V alone (default: --dtype; in the decode\n"
+    "                       preset f16 unless --dtype is given): f32 Q/O with f16 K/V is the\n"
+    "                       usual KV cache. With --backward dO and dQ take Q's dtype, dK and\n"
+    "                       dV K's.\n"
+    "  --threads N          threads of the library and of the probes (default 0 = one per\n"
     "                       online core)\n"
     "  --json FILE          also write every figure as JSON to FILE (checked first, written\n"
     "                       at the end through a temporary file; /dev/stdout works)\n"
@@ -57,15 +75,18 @@ static const char help[] =
     "                       at least one timed repetition runs, and no new one starts once\n"
     "                       the timed repetitions have used S seconds. The table shows how\n"
     "                       many ran; the median is over those.\n"
-    "  --peak-isa ISA       the FMA loop of the peak probe: auto (default: the level of the\n"
-    "                       library's kernels, 'isa' in sdpa info), avx512, avx2 or generic;\n"
-    "                       a level above the kernels' is refused (exit 1)\n"
+    "  --peak-isa ISA       the FMA and read loops of the probes: auto (default: the level of\n"
+    "                       the library's kernels, 'isa' in sdpa info), avx512, avx2 or\n"
+    "                       generic; a level above the kernels' is refused (exit 1)\n"
     "  --backward           time sdpa_backward instead, each repetition after a timed\n"
     "                       sdpa_forward that gives it out and lse (the bwd/fwd column: the\n"
     "                       ratio of the medians); its FLOP are counted as 2.5 x the forward's\n"
     "                       (the usual convention: 5 products of the size of one of the\n"
     "                       forward's 2)\n"
-    "  --help               this text\n"
+    "  --help               this text\n";
+
+/* The rest of the text (C99 promises string literals of 4095 characters, no more). */
+static const char help_figures[] =
     "\n"
     "The header names the kernels that ran and their ISA level, the CPU (model, family and\n"
     "model numbers, L1d, L2 and L3 sizes) with the best level it offers (higher than the\n"
@@ -75,15 +96,25 @@ static const char help[] =
     "peak.*.isa.\n"
     "\n"
     "Figures:\n"
+    "  dtype       Q and O's dtype, then /K and V's where they differ (f32/f16)\n"
     "  ms          median, min and max wall time of one sdpa_forward call\n"
     "  GFLOP/s     FLOP / median time, FLOP = 4 * B * Hq * D * (visible (query, key) pairs):\n"
     "              2*D for the row of Q K^T and 2*D for the row of P V per visible pair; the\n"
     "              softmax is not counted. Without a mask every pair is visible (Lq*Lk); with\n"
     "              causal only the pairs the mask lets through are counted, exactly (top-left\n"
-    "              with Lq = Lk: L(L+1)/2).\n"
-    "  %peak       GFLOP/s / the higher of the two FMA peaks measured in this run\n"
-    "  GB/s, %bw   bytes of K and V (2 * B * Hkv * Lk * D * 4) / median time, and its ratio to\n"
-    "              the measured read bandwidth: the figure that matters for decode (Lq = 1)\n"
+    "              with Lq = Lk: L(L+1)/2). The same count for every dtype.\n"
+    "  %peak       GFLOP/s / the higher of the two FP32 FMA peaks measured in this run\n"
+    "  GB/s        bytes of K and V / median time: 2 * B * Hkv * Lk * D * (2 for f16 and\n"
+    "              bf16, 4 for f32) bytes (KV MB), the figure that matters for decode (Lq = 1),\n"
+    "              where a call reads the cache once\n"
+    "  rd GB/s     the read bandwidth at that working set: all N threads at once, each summing\n"
+    "              its own slice of the very buffer that holds this shape's K and V (with\n"
+    "              less than 64 + 256 * N bytes of zeros added) again and again with the\n"
+    "              probe's read loop, the best of 10 trials; right before the shape's warm-up\n"
+    "              and right after its timed calls, the higher of the two. A cache that fits\n"
+    "              in L2 or L3 is thus compared with the bandwidth of that level, not DRAM's\n"
+    "  %bw         GB/s / rd GB/s. The header's read bandwidth is the DRAM figure (a 256 MiB\n"
+    "              buffer, at the start and the end); the JSON has the ratio to it too\n"
     "  extra MB    the peak of the bytes the library held through its allocator during the\n"
     "              calls, beyond what the fresh context held before them\n"
     "\n"
@@ -111,25 +142,70 @@ static int64_t visible_pairs(const bench_shape *s) {
     return n;
 }
 
+/* In the tables, U marks a dtype that the options choose (--dtype, --kv-dtype, else the
+ * preset's default); a preset's fixed variants name theirs. */
+#define U BENCH_DTYPE_UNSET
+
 static const bench_shape preset_quick[] = {
-    {1, 8, 8, 256, 256, 64, BENCH_MASK_NONE},      {1, 8, 8, 512, 512, 64, BENCH_MASK_NONE},
-    {1, 8, 8, 512, 512, 64, BENCH_MASK_CAUSAL_TL}, {1, 8, 8, 1024, 1024, 64, BENCH_MASK_NONE},
-    {1, 32, 8, 1, 4096, 128, BENCH_MASK_NONE},
+    {1, 8, 8, 256, 256, 64, BENCH_MASK_NONE, U, U},
+    {1, 8, 8, 512, 512, 64, BENCH_MASK_NONE, U, U},
+    {1, 8, 8, 512, 512, 64, BENCH_MASK_CAUSAL_TL, U, U},
+    {1, 8, 8, 1024, 1024, 64, BENCH_MASK_NONE, U, U},
+    {1, 32, 8, 1, 4096, 128, BENCH_MASK_NONE, U, U},
 };
 
 static const bench_shape preset_full[] = {
-    {1, 16, 16, 512, 512, 64, BENCH_MASK_NONE},
-    {1, 16, 16, 1024, 1024, 64, BENCH_MASK_NONE},
-    {1, 16, 16, 2048, 2048, 64, BENCH_MASK_NONE},
-    {1, 16, 16, 4096, 4096, 64, BENCH_MASK_NONE},
-    {1, 8, 8, 2048, 2048, 128, BENCH_MASK_NONE},
-    {1, 16, 16, 512, 512, 64, BENCH_MASK_CAUSAL_TL},
-    {1, 16, 16, 1024, 1024, 64, BENCH_MASK_CAUSAL_TL},
-    {1, 16, 16, 2048, 2048, 64, BENCH_MASK_CAUSAL_TL},
-    {1, 16, 16, 4096, 4096, 64, BENCH_MASK_CAUSAL_TL},
-    {1, 8, 8, 2048, 2048, 128, BENCH_MASK_CAUSAL_TL},
-    {1, 32, 8, 1, 4096, 128, BENCH_MASK_NONE},
+    {1, 16, 16, 512, 512, 64, BENCH_MASK_NONE, U, U},
+    {1, 16, 16, 1024, 1024, 64, BENCH_MASK_NONE, U, U},
+    {1, 16, 16, 2048, 2048, 64, BENCH_MASK_NONE, U, U},
+    {1, 16, 16, 4096, 4096, 64, BENCH_MASK_NONE, U, U},
+    {1, 8, 8, 2048, 2048, 128, BENCH_MASK_NONE, U, U},
+    {1, 16, 16, 512, 512, 64, BENCH_MASK_CAUSAL_TL, U, U},
+    {1, 16, 16, 1024, 1024, 64, BENCH_MASK_CAUSAL_TL, U, U},
+    {1, 16, 16, 2048, 2048, 64, BENCH_MASK_CAUSAL_TL, U, U},
+    {1, 16, 16, 4096, 4096, 64, BENCH_MASK_CAUSAL_TL, U, U},
+    {1, 8, 8, 2048, 2048, 128, BENCH_MASK_CAUSAL_TL, U, U},
+    {1, 32, 8, 1, 4096, 128, BENCH_MASK_NONE, U, U},
 };
+
+/* The decode targets of issue 13: one query row against a long cache, D = 128, Hq = 32. The
+ * K/V dtype defaults to f16 here (the usual KV cache: f32 Q and O, f16 K and V); two variants
+ * keep an f32 cache whatever the options say. The batch of 8 at Lk = 4096 reads as many cache
+ * bytes as B = 1 at Lk = 32768: the contiguous baseline of a ragged or paged batch. */
+static const bench_shape preset_decode[] = {
+    {1, 32, 8, 1, 32768, 128, BENCH_MASK_NONE, U, U},
+    {1, 32, 8, 1, 32768, 128, BENCH_MASK_NONE, SDPA_F32, SDPA_F32},
+    {1, 32, 32, 1, 32768, 128, BENCH_MASK_NONE, U, U},
+    {1, 32, 32, 1, 32768, 128, BENCH_MASK_NONE, SDPA_F32, SDPA_F32},
+    {1, 32, 8, 1, 4096, 128, BENCH_MASK_NONE, U, U},
+    {1, 32, 32, 1, 4096, 128, BENCH_MASK_NONE, U, U},
+    {8, 32, 8, 1, 4096, 128, BENCH_MASK_NONE, U, U},
+};
+
+#undef U
+
+typedef struct preset {
+    const char *name;
+    const bench_shape *shapes;
+    int n;
+    sdpa_dtype kv_default; /* K and V where neither --dtype nor --kv-dtype is given */
+} preset;
+
+#define PRESET(name, table, kv)                                                                    \
+    { name, table, (int)(sizeof table / sizeof table[0]), kv }
+static const preset presets[] = {
+    PRESET("quick", preset_quick, SDPA_F32),
+    PRESET("full", preset_full, SDPA_F32),
+    PRESET("decode", preset_decode, SDPA_F16),
+};
+#undef PRESET
+
+static const preset *find_preset(const char *name) {
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (strcmp(presets[i].name, name) == 0)
+            return &presets[i];
+    return NULL;
+}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Options                                                                                   */
@@ -143,9 +219,51 @@ typedef struct options {
     const char *json;
     int reps, warmup;
     double min_time;
-    sdpa_isa peak_isa; /* SDPA_ISA_AUTO: the level of the library's kernels */
-    int backward;      /* time sdpa_backward */
+    sdpa_isa peak_isa;   /* SDPA_ISA_AUTO: the level of the library's kernels */
+    int backward;        /* time sdpa_backward */
+    int dtype, kv_dtype; /* --dtype, --kv-dtype; BENCH_DTYPE_UNSET when not given */
 } options;
+
+/* "f32", "f16" or "bf16". @return 0 and sets *dt, or -1. */
+static int parse_dtype(const char *name, int *dt) {
+    static const sdpa_dtype all[] = {SDPA_F32, SDPA_F16, SDPA_BF16};
+    for (size_t i = 0; name != NULL && i < sizeof all / sizeof all[0]; i++)
+        if (strcmp(name, sdpa_dtype_name(all[i])) == 0) {
+            *dt = (int)all[i];
+            return 0;
+        }
+    return -1;
+}
+
+/* The DTYPE field of --shape: "T" (Q, K, V and O) or "T/KVT" (Q and O, then K and V).
+ * @return 0, or -1 if it is not one. */
+static int parse_dtype_pair(const char *field, int *dt, int *kv) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%s", field);
+    char *slash = strchr(buf, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    int a, b;
+    if (parse_dtype(buf, &a) != 0 || (slash != NULL && parse_dtype(slash + 1, &b) != 0))
+        return -1;
+    *dt = a;
+    *kv = slash != NULL ? b : a;
+    return 0;
+}
+
+/* The MASK field of --shape. @return 0 and sets *m, or -1. */
+static int parse_mask(const char *f, bench_mask *m) {
+    if (strcmp(f, "causal") == 0 || strcmp(f, "causal-tl") == 0 || strcmp(f, "tl") == 0 ||
+        strcmp(f, "1") == 0)
+        *m = BENCH_MASK_CAUSAL_TL;
+    else if (strcmp(f, "causal-br") == 0 || strcmp(f, "br") == 0)
+        *m = BENCH_MASK_CAUSAL_BR;
+    else if (strcmp(f, "none") == 0 || strcmp(f, "0") == 0)
+        *m = BENCH_MASK_NONE;
+    else
+        return -1;
+    return 0;
+}
 
 /* Parses one field of a --shape, up to the next comma. @return the position after it. */
 static const char *shape_field(const char *p, char *buf, size_t cap) {
@@ -159,12 +277,12 @@ static const char *shape_field(const char *p, char *buf, size_t cap) {
 }
 
 static int parse_shape(const char *spec, bench_shape *s) {
-    char f[7][32];
+    char f[8][32];
     int n = 0;
     const char *p = spec;
-    while (*p != '\0' && n < 7)
+    while (*p != '\0' && n < 8)
         p = shape_field(p, f[n++], sizeof f[0]);
-    if (*p != '\0' || n < 5 || n > 6 || spec[strlen(spec) - 1] == ',')
+    if (*p != '\0' || n < 5 || n > 7 || spec[strlen(spec) - 1] == ',')
         return -1;
     int64_t hkv = 0;
     char *slash = strpbrk(f[1], "/:");
@@ -182,15 +300,15 @@ static int parse_shape(const char *spec, bench_shape *s) {
     s->hkv = slash != NULL ? hkv : s->hq;
     if (s->hq % s->hkv != 0)
         return -1;
+    /* then MASK and DTYPE, each at most once, in either order */
     s->mask = BENCH_MASK_NONE;
-    if (n == 6) {
-        const char *m = f[5];
-        if (strcmp(m, "causal") == 0 || strcmp(m, "causal-tl") == 0 || strcmp(m, "tl") == 0 ||
-            strcmp(m, "1") == 0)
-            s->mask = BENCH_MASK_CAUSAL_TL;
-        else if (strcmp(m, "causal-br") == 0 || strcmp(m, "br") == 0)
-            s->mask = BENCH_MASK_CAUSAL_BR;
-        else if (strcmp(m, "none") != 0 && strcmp(m, "0") != 0)
+    s->dtype = s->kv_dtype = BENCH_DTYPE_UNSET;
+    int have_mask = 0;
+    for (int i = 5; i < n; i++) {
+        if (!have_mask && parse_mask(f[i], &s->mask) == 0)
+            have_mask = 1;
+        else if (s->dtype != BENCH_DTYPE_UNSET ||
+                 parse_dtype_pair(f[i], &s->dtype, &s->kv_dtype) != 0)
             return -1;
     }
     return 0;
@@ -203,15 +321,17 @@ static int parse_options(int argc, char **argv, options *o) {
     o->reps = 100;
     o->warmup = 1;
     o->min_time = 1.0;
+    o->dtype = o->kv_dtype = BENCH_DTYPE_UNSET;
     for (int i = 0; i < argc; i++) {
         const char *v = NULL;
         int64_t n;
         if (cli_is_help(argv[i])) {
             fputs(help, stdout);
+            fputs(help_figures, stdout);
             return CLI_OK;
         } else if (cli_option_value(argc, argv, &i, "--preset", &v)) {
-            if (v == NULL || (strcmp(v, "quick") != 0 && strcmp(v, "full") != 0))
-                return cli_usage_error("bench", "--preset wants quick or full, got '%s'",
+            if (v == NULL || find_preset(v) == NULL)
+                return cli_usage_error("bench", "--preset wants quick, full or decode, got '%s'",
                                        v ? v : "");
             o->preset = v;
         } else if (cli_option_value(argc, argv, &i, "--shape", &v)) {
@@ -219,8 +339,9 @@ static int parse_options(int argc, char **argv, options *o) {
                 return cli_usage_error("bench", "at most %d --shape options", MAX_SHAPES);
             if (v == NULL || parse_shape(v, &o->shapes[o->n_shapes]) != 0)
                 return cli_usage_error("bench",
-                                       "--shape wants B,H,Lq,Lk,D[,none|causal|causal-br] with H "
-                                       "= Hq or Hq/Hkv (Hq a multiple of Hkv), got '%s'",
+                                       "--shape wants B,H,Lq,Lk,D[,MASK][,DTYPE] with H = Hq or "
+                                       "Hq/Hkv (Hq a multiple of Hkv), MASK none, causal or "
+                                       "causal-br, DTYPE T or T/KVT (T f32, f16 or bf16), got '%s'",
                                        v ? v : "");
             o->n_shapes++;
         } else if (cli_option_value(argc, argv, &i, "--threads", &v)) {
@@ -249,6 +370,14 @@ static int parse_options(int argc, char **argv, options *o) {
                 return cli_usage_error("bench", "--min-time wants seconds in 0..1e6, got '%s'",
                                        v ? v : "");
             o->min_time = t;
+        } else if (cli_option_value(argc, argv, &i, "--dtype", &v)) {
+            if (parse_dtype(v, &o->dtype) != 0)
+                return cli_usage_error("bench", "--dtype wants f32, f16 or bf16, got '%s'",
+                                       v ? v : "");
+        } else if (cli_option_value(argc, argv, &i, "--kv-dtype", &v)) {
+            if (parse_dtype(v, &o->kv_dtype) != 0)
+                return cli_usage_error("bench", "--kv-dtype wants f32, f16 or bf16, got '%s'",
+                                       v ? v : "");
         } else if (strcmp(argv[i], "--backward") == 0) {
             o->backward = 1;
         } else if (cli_option_value(argc, argv, &i, "--peak-isa", &v)) {
@@ -312,24 +441,58 @@ static void counting_free(void *ptr, void *user) {
 /* Timing one shape                                                                          */
 /* ---------------------------------------------------------------------------------------- */
 
-/* Uniform in [-1, 1) from splitmix64: fixed, portable inputs without libc's rand(). */
-static void fill(float *x, size_t n, uint64_t seed) {
+/* f32 to f16, rounded to nearest even (the fills' values: finite, |x| < 1; still right up to
+ * the f16 range, and beyond it Inf). The library's converters are internal (src/core), so the
+ * command has its own, as npy.c has its decoder. */
+static uint16_t f32_to_f16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const float a = fabsf(x);
+    if (!(a < 65520.0f))
+        return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x1p-14f) /* subnormal: a multiple of 2^-24, rounded to even by lrintf */
+        return (uint16_t)(sign | (uint16_t)lrintf(a * 0x1p24f));
+    const uint32_t mant = u & 0x7fffffu, e = ((u >> 23) & 0xffu) - 127u + 15u;
+    uint32_t h = (e << 10) | (mant >> 13);
+    const uint32_t rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+        h++; /* a carry out of the mantissa moves to the next exponent, as it should */
+    return (uint16_t)(sign | h);
+}
+
+/* f32 to bf16, rounded to nearest even (no NaN among the fills' values). */
+static uint16_t f32_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* n elements of dtype at x: uniform in [-1, 1) from splitmix64 (fixed, portable inputs
+ * without libc's rand()), drawn in f32 and rounded once to the dtype. */
+static void fill(void *x, sdpa_dtype dt, size_t n, uint64_t seed) {
     uint64_t st = seed * 0x9E3779B97F4A7C15ull + 1;
     for (size_t i = 0; i < n; i++) {
         uint64_t z = (st += 0x9E3779B97F4A7C15ull);
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
         z ^= z >> 31;
-        x[i] = (float)((double)(z >> 40) * 0x1p-23 - 1.0);
+        const float f = (float)((double)(z >> 40) * 0x1p-23 - 1.0);
+        if (dt == SDPA_F32)
+            ((float *)x)[i] = f;
+        else
+            ((uint16_t *)x)[i] = dt == SDPA_F16 ? f32_to_f16(f) : f32_to_bf16(f);
     }
 }
 
-/* @return a 64-byte aligned array of n floats, or NULL (also when n * 4 overflows). */
-static float *alloc_floats(int64_t n) {
-    if (n <= 0 || (uint64_t)n > SIZE_MAX / sizeof(float))
+/* @return a 64-byte aligned block of n elements of size sz, or NULL (also when n * sz
+ *         overflows). */
+static void *alloc_elems(int64_t n, size_t sz) {
+    if (n <= 0 || (uint64_t)n > SIZE_MAX / sz)
         return NULL;
     void *p = NULL;
-    return posix_memalign(&p, 64, (size_t)n * sizeof(float)) == 0 ? p : NULL;
+    return posix_memalign(&p, 64, (size_t)n * sz) == 0 ? p : NULL;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -374,23 +537,49 @@ static int mul_ok(int64_t *acc, int64_t x) {
     return 1;
 }
 
-/* Times one shape. @return 0, or 1 (runtime error, reported on stderr). */
-static int run_shape(const options *o, const bench_shape *s, progress *pg, bench_result *r) {
+/* The read bandwidth at the shape's working set: the run's threads reading the buffer of K
+ * and V (bench_read_measure). @return CLI_OK, or CLI_RUNTIME (message printed). */
+static int measure_ws(const bench_run *ri, sdpa_isa isa, const void *kv, size_t bytes, progress *pg,
+                      const char *when, bench_result *r, double *gbs) {
+    progress_show(pg, "read bandwidth of its K and V (%.1f MB, %s)", (double)bytes / 1e6, when);
+    char err[160];
+    if (bench_read_measure(ri->n_threads, isa, kv, bytes, gbs, &r->ws_bytes, err, sizeof err) !=
+        0) {
+        progress_clear(pg);
+        fprintf(stderr, "sdpa bench: %s: %s\n", pg->spec, err);
+        return CLI_RUNTIME;
+    }
+    return CLI_OK;
+}
+
+/* Times one shape (its dtypes resolved), with the read probe of its working set right before
+ * and right after. @return 0, or 1 (runtime error, reported on stderr). */
+static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const bench_shape *s,
+                     progress *pg, bench_result *r) {
     memset(r, 0, sizeof *r);
     r->s = *s;
     r->visible = visible_pairs(s);
     r->flops = 4.0 * (double)s->b * (double)s->hq * (double)s->d * (double)r->visible;
     if (o->backward)
         r->flops *= 2.5; /* BENCH_BACKWARD_FLOPS: the convention --help states */
-    r->kv_bytes = 2.0 * (double)s->b * (double)s->hkv * (double)s->lk * (double)s->d * 4.0;
+    const sdpa_dtype qdt = (sdpa_dtype)s->dtype, kvdt = (sdpa_dtype)s->kv_dtype;
+    const size_t qsz = sdpa_dtype_size(qdt), kvsz = sdpa_dtype_size(kvdt);
+    r->kv_bytes = 2.0 * (double)s->b * (double)s->hkv * (double)s->lk * (double)s->d * (double)kvsz;
 
     int64_t nq = s->b, nkv = s->b;
     if (!mul_ok(&nq, s->hq) || !mul_ok(&nq, s->lq) || !mul_ok(&nq, s->d) || !mul_ok(&nkv, s->hkv) ||
-        !mul_ok(&nkv, s->lk) || !mul_ok(&nkv, s->d)) {
+        !mul_ok(&nkv, s->lk) || !mul_ok(&nkv, s->d) || nkv > INT64_MAX / 8 ||
+        (uint64_t)nkv * 8 > SIZE_MAX / 2 - (size_t)SDPA_MAX_THREADS * 256) {
         progress_clear(pg);
         fprintf(stderr, "sdpa bench: %s: the tensors are too large\n", pg->spec);
         return CLI_RUNTIME;
     }
+    /* K and V share one buffer, V at the next 64-byte boundary after K, padded to a whole
+     * number of the read probe's slices (256 bytes per thread): the probe reads exactly this
+     * buffer, the working set of the shape (with less than 256 bytes per thread of zeros). */
+    const size_t kv_one = (size_t)nkv * kvsz, v_off = (kv_one + 63) / 64 * 64;
+    const size_t grain = (size_t)ri->n_threads * 256;
+    const size_t kv_alloc = (2 * v_off + grain - 1) / grain * grain;
     counter cnt;
     atomic_init(&cnt.current, 0);
     atomic_init(&cnt.peak, 0);
@@ -407,17 +596,19 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
         fprintf(stderr, "sdpa bench: cannot create a context: %s\n", sdpa_status_str(st));
         return CLI_RUNTIME;
     }
-    float *q = alloc_floats(nq), *k = alloc_floats(nkv), *v = alloc_floats(nkv);
-    float *out = alloc_floats(nq);
+    char *kvbuf = alloc_elems((int64_t)kv_alloc, 1);
+    void *q = alloc_elems(nq, qsz), *out = alloc_elems(nq, qsz);
+    void *k = kvbuf, *v = kvbuf != NULL ? kvbuf + v_off : NULL;
     double *times = malloc((size_t)o->reps * sizeof *times);
-    /* the backward's: the forward's lse, dL/dout, and the gradients */
+    /* the backward's: the forward's lse, dL/dout, and the gradients, each in its input's
+     * dtype (lse f32) */
     const int bw = o->backward;
-    float *lse = bw ? alloc_floats(nq / s->d) : NULL, *dout = bw ? alloc_floats(nq) : NULL;
-    float *dq = bw ? alloc_floats(nq) : NULL, *dk = bw ? alloc_floats(nkv) : NULL;
-    float *dv = bw ? alloc_floats(nkv) : NULL;
+    float *lse = bw ? alloc_elems(nq / s->d, sizeof(float)) : NULL;
+    void *dout = bw ? alloc_elems(nq, qsz) : NULL, *dq = bw ? alloc_elems(nq, qsz) : NULL;
+    void *dk = bw ? alloc_elems(nkv, kvsz) : NULL, *dv = bw ? alloc_elems(nkv, kvsz) : NULL;
     double *times_f = bw ? malloc((size_t)o->reps * sizeof *times_f) : NULL;
     int rc = CLI_OK;
-    if (q == NULL || k == NULL || v == NULL || out == NULL || times == NULL ||
+    if (q == NULL || kvbuf == NULL || out == NULL || times == NULL ||
         (bw && (lse == NULL || dout == NULL || dq == NULL || dk == NULL || dv == NULL ||
                 times_f == NULL))) {
         progress_clear(pg);
@@ -425,30 +616,36 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
                 "sdpa bench: %s: out of memory for the inputs (Q, K, V and the output%s: %.1f "
                 "MB)\n",
                 pg->spec, bw ? ", dO and the gradients" : "",
-                (double)((bw ? 4 : 2) * nq + (bw ? 4 : 2) * nkv) * sizeof(float) / 1e6);
+                ((double)(bw ? 4 : 2) * (double)nq * (double)qsz +
+                 (double)(bw ? 4 : 2) * (double)nkv * (double)kvsz) /
+                    1e6);
         rc = CLI_RUNTIME;
         goto done;
     }
     progress_show(pg, "filling the inputs");
-    fill(q, (size_t)nq, 1);
-    fill(k, (size_t)nkv, 2);
-    fill(v, (size_t)nkv, 3);
-    memset(out, 0, (size_t)nq * sizeof *out);
-    sdpa_tensor tq = sdpa_tensor_bhld(q, SDPA_F32, s->b, s->hq, s->lq, s->d);
-    sdpa_tensor tk = sdpa_tensor_bhld(k, SDPA_F32, s->b, s->hkv, s->lk, s->d);
-    sdpa_tensor tv = sdpa_tensor_bhld(v, SDPA_F32, s->b, s->hkv, s->lk, s->d);
-    sdpa_tensor to = sdpa_tensor_bhld(out, SDPA_F32, s->b, s->hq, s->lq, s->d);
+    fill(q, qdt, (size_t)nq, 1);
+    fill(k, kvdt, (size_t)nkv, 2);
+    fill(v, kvdt, (size_t)nkv, 3);
+    memset(kvbuf + kv_one, 0, v_off - kv_one);
+    memset(kvbuf + v_off + kv_one, 0, kv_alloc - v_off - kv_one);
+    memset(out, 0, (size_t)nq * qsz);
+    sdpa_tensor tq = sdpa_tensor_bhld(q, qdt, s->b, s->hq, s->lq, s->d);
+    sdpa_tensor tk = sdpa_tensor_bhld(k, kvdt, s->b, s->hkv, s->lk, s->d);
+    sdpa_tensor tv = sdpa_tensor_bhld(v, kvdt, s->b, s->hkv, s->lk, s->d);
+    sdpa_tensor to = sdpa_tensor_bhld(out, qdt, s->b, s->hq, s->lq, s->d);
     sdpa_tensor tl = sdpa_tensor_bhld(lse, SDPA_F32, s->b, s->hq, s->lq, 1);
-    sdpa_tensor tdo = sdpa_tensor_bhld(dout, SDPA_F32, s->b, s->hq, s->lq, s->d);
-    sdpa_tensor tdq = sdpa_tensor_bhld(dq, SDPA_F32, s->b, s->hq, s->lq, s->d);
-    sdpa_tensor tdk = sdpa_tensor_bhld(dk, SDPA_F32, s->b, s->hkv, s->lk, s->d);
-    sdpa_tensor tdv = sdpa_tensor_bhld(dv, SDPA_F32, s->b, s->hkv, s->lk, s->d);
+    sdpa_tensor tdo = sdpa_tensor_bhld(dout, qdt, s->b, s->hq, s->lq, s->d);
+    sdpa_tensor tdq = sdpa_tensor_bhld(dq, qdt, s->b, s->hq, s->lq, s->d);
+    sdpa_tensor tdk = sdpa_tensor_bhld(dk, kvdt, s->b, s->hkv, s->lk, s->d);
+    sdpa_tensor tdv = sdpa_tensor_bhld(dv, kvdt, s->b, s->hkv, s->lk, s->d);
     if (bw)
-        fill(dout, (size_t)nq, 4);
+        fill(dout, qdt, (size_t)nq, 4);
     sdpa_params p = {0};
     p.causal = s->mask != BENCH_MASK_NONE;
     p.align = s->mask == BENCH_MASK_CAUSAL_BR ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
 
+    if ((rc = measure_ws(ri, isa, kvbuf, kv_alloc, pg, "before", r, &r->ws_gbs_before)) != 0)
+        goto done;
     /* What the fresh context holds is not extra memory of the call; the peak restarts here. */
     r->ctx_bytes = atomic_load(&cnt.current);
     atomic_store(&cnt.peak, r->ctx_bytes);
@@ -502,6 +699,9 @@ static int run_shape(const options *o, const bench_shape *s, progress *pg, bench
         qsort(times_f, (size_t)n, sizeof *times_f, cmp_double);
         r->t_fwd_med = n % 2 ? times_f[n / 2] : 0.5 * (times_f[n / 2 - 1] + times_f[n / 2]);
     }
+    if ((rc = measure_ws(ri, isa, kvbuf, kv_alloc, pg, "after", r, &r->ws_gbs_after)) != 0)
+        goto done;
+    r->ws_gbs = fmax(r->ws_gbs_before, r->ws_gbs_after);
 done:
     free(times);
     free(times_f);
@@ -511,8 +711,7 @@ done:
     free(dk);
     free(dv);
     free(q);
-    free(k);
-    free(v);
+    free(kvbuf);
     free(out);
     sdpa_ctx_destroy(ctx);
     return rc;
@@ -592,13 +791,22 @@ int cli_bench(int argc, char **argv) {
     const int prc = parse_options(argc, argv, &o);
     if (prc >= 0)
         return prc;
-    const bench_shape *shapes = o.shapes;
-    int n_shapes = o.n_shapes;
-    if (n_shapes == 0) {
-        const int full = strcmp(o.preset, "full") == 0;
-        shapes = full ? preset_full : preset_quick;
-        n_shapes = full ? (int)(sizeof preset_full / sizeof preset_full[0])
-                        : (int)(sizeof preset_quick / sizeof preset_quick[0]);
+    /* The shapes, their dtypes resolved: a --shape's own DTYPE field, else --dtype and
+     * --kv-dtype (K and V default to --dtype), else the preset's (f32, and f16 K and V in
+     * the decode preset), except for the preset's variants that name their own. */
+    const preset *pr = find_preset(o.preset);
+    bench_shape shapes[MAX_SHAPES];
+    const int n_shapes = o.n_shapes != 0 ? o.n_shapes : pr->n;
+    const sdpa_dtype kv_default = o.n_shapes != 0 ? SDPA_F32 : pr->kv_default;
+    for (int i = 0; i < n_shapes; i++) {
+        bench_shape *s = &shapes[i];
+        *s = o.n_shapes != 0 ? o.shapes[i] : pr->shapes[i];
+        if (s->dtype == BENCH_DTYPE_UNSET)
+            s->dtype = o.dtype != BENCH_DTYPE_UNSET ? o.dtype : SDPA_F32;
+        if (s->kv_dtype == BENCH_DTYPE_UNSET)
+            s->kv_dtype = o.kv_dtype != BENCH_DTYPE_UNSET ? o.kv_dtype
+                          : o.dtype != BENCH_DTYPE_UNSET  ? o.dtype
+                                                          : (int)kv_default;
     }
 
     bench_run ri;
@@ -645,7 +853,7 @@ int cli_bench(int argc, char **argv) {
     for (int i = 0; rc == CLI_OK && i < n_shapes; i++) {
         pg.index = i;
         bench_shape_spec(&shapes[i], pg.spec, sizeof pg.spec);
-        rc = run_shape(&o, &shapes[i], &pg, &rs[i]);
+        rc = run_shape(&o, &ri, peak_isa, &shapes[i], &pg, &rs[i]);
     }
     if (rc == CLI_OK)
         rc = measure_peak(&ri, peak_isa, "end", &ri.peak_end, tty);

@@ -41,6 +41,17 @@ double bench_now_s(void);
  *         errcap). */
 int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, size_t errcap);
 
+/* Measures the read bandwidth at one working-set size: n_threads threads (>= 1) running the
+ * read loop of `isa` at once, each over its own slice of buf again and again (the best of
+ * several trials, about a quarter of a second in all). The slices are equal multiples of 256
+ * bytes; what does not fill one (less than 256 * n_threads bytes at the end of buf) is not
+ * read. buf is aligned to 64 bytes and holds any data: only its bytes are counted.
+ * @return 0 and sets *gbs (1e9 B/s, summed over the threads) and *bytes_read (the bytes of
+ *         one pass over all slices), or -1 (message in err): a thread could not be created,
+ *         or bytes < 256 * n_threads. */
+int bench_read_measure(int n_threads, sdpa_isa isa, const void *buf, size_t bytes, double *gbs,
+                       size_t *bytes_read, char *err, size_t errcap);
+
 /* The inner loops. Each fma loop runs `iters` iterations of independent FMA chains and
  * returns a value that depends on all of them (so the compiler cannot drop the work);
  * *flops_per_iter is what one iteration counts. Each read loop sums n floats from p (n a
@@ -62,11 +73,16 @@ typedef enum bench_mask {
     BENCH_MASK_CAUSAL_BR = 2  /* causal, bottom-right aligned (FlashAttention >= 2.1) */
 } bench_mask;
 
-/* One shape: Q (b, hq, lq, d), K and V (b, hkv, lk, d), f32, contiguous (B, H, L, D). */
+/* One shape: Q and O (b, hq, lq, d) of dtype, K and V (b, hkv, lk, d) of kv_dtype,
+ * contiguous (B, H, L, D). dtype and kv_dtype are SDPA_F32, SDPA_F16 or SDPA_BF16, or
+ * BENCH_DTYPE_UNSET before the options have been applied (bench.c). */
 typedef struct bench_shape {
     int64_t b, hq, hkv, lq, lk, d;
     bench_mask mask;
+    int dtype, kv_dtype; /* sdpa_dtype values */
 } bench_shape;
+
+#define BENCH_DTYPE_UNSET (-1)
 
 typedef struct bench_result {
     bench_shape s;
@@ -78,6 +94,11 @@ typedef struct bench_result {
     size_t ctx_bytes;           /* held by the fresh context before the calls */
     double allocs_per_call;
     double t_fwd_med; /* with --backward: the median of the forwards timed beside it */
+    /* The read bandwidth at this shape's working set: n_threads threads reading the buffer
+     * that holds its K and V (bench_read_measure), right before and right after the timed
+     * calls; the ratio %bw divides by the higher of the two. */
+    size_t ws_bytes; /* the bytes one pass of that probe reads: K, V and < 64 + 256 n of zeros */
+    double ws_gbs_before, ws_gbs_after, ws_gbs;
 } bench_result;
 
 /* The whole run, as reported. */
@@ -96,14 +117,20 @@ typedef struct bench_run {
     int reps_max, warmup;
     double min_time;
     bench_peak peak_start, peak_end;
-    double peak_gflops, peak_gbs; /* the higher of start and end: the ratios' denominators */
+    double peak_gflops, peak_gbs; /* the higher of start and end: %peak's denominator, and
+                                     the DRAM figure beside each shape's own %bw */
 } bench_run;
 
 /* @return "none", "causal" or "causal-br" (the names --shape accepts). */
 const char *bench_mask_name(bench_mask m);
 
-/* Writes the shape in --shape syntax ("1,32/8,1,4096,128"), so that a JSON consumer can hand
- * it back to --shape. */
+/* @return "f32/f16" for Q/O f32 with K/V f16, or just "f16" when both are the same: the
+ * DTYPE field of --shape (in buf, of size cap). */
+const char *bench_dtype_spec(const bench_shape *s, char *buf, size_t cap);
+
+/* Writes the shape in --shape syntax ("1,32/8,1,4096,128", "1,32/8,1,4096,128,f32/f16": the
+ * dtypes are written unless both are f32), so that a JSON consumer can hand it back to
+ * --shape. */
 void bench_shape_spec(const bench_shape *s, char *buf, size_t cap);
 
 /* Fills run's cpu (the "model name" of /proc/cpuinfo, or "unknown"), cpu_family and cpu_model

@@ -9,6 +9,10 @@
  * (sdpa_ctx_isa), and the library has checked that the CPU and the OS support it. The result
  * of a probe is the best of several trials: on a shared machine another process can only make
  * a trial slower, never faster, so the best trial is the closest to the peak.
+ *
+ * The read loop also measures the bandwidth at a given working-set size (bench_read_measure):
+ * `sdpa bench` runs it over each shape's own K and V, whose bytes may partly live in a cache,
+ * so that the rate of reading them is compared with what reading that many bytes can reach.
  */
 #include "bench.h"
 
@@ -22,7 +26,9 @@
 enum { TRIALS = 10 };
 static const double FMA_TRIAL_S = 0.05;      /* seconds one FMA trial aims for */
 static const double READ_TRIAL_S = 0.03;     /* seconds one read trial aims for */
+static const double READ_WS_TRIAL_S = 0.02;  /* the same at a working-set size */
 static const size_t READ_BYTES = 256u << 20; /* 8x a large L3: the reads come from DRAM */
+enum { READ_GRAIN = 64 * sizeof(float) };    /* the read loops take multiples of 256 bytes */
 
 sdpa_isa bench_peak_loop(sdpa_isa level) {
     return level >= SDPA_ISA_AVX512 ? SDPA_ISA_AVX512
@@ -50,11 +56,16 @@ float bench_fma_generic(int64_t iters, int64_t *flops_per_iter) {
     return ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
 }
 
+/* Reads through memcpy: the buffer may hold f16 or bf16 data (a shape's K and V), which a
+ * float lvalue must not read; compilers make the copy a plain load. */
 float bench_read_generic(const float *p, size_t n) {
     float s[8] = {0};
     for (size_t i = 0; i < n; i += 8)
-        for (int j = 0; j < 8; j++)
-            s[j] += p[i + (size_t)j];
+        for (int j = 0; j < 8; j++) {
+            float x;
+            memcpy(&x, p + i + (size_t)j, sizeof x);
+            s[j] += x;
+        }
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
@@ -249,5 +260,37 @@ int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, 
     if (bytes < 0.0)
         return -1;
     out->read_gbs = bytes * 1e-9;
+    return 0;
+}
+
+int bench_read_measure(int n_threads, sdpa_isa isa, const void *buf, size_t bytes, double *gbs,
+                       size_t *bytes_read, char *err, size_t errcap) {
+    const int n = n_threads < 1 ? 1 : n_threads;
+    const size_t slice = bytes / (size_t)n / READ_GRAIN * READ_GRAIN; /* bytes per thread */
+    *gbs = 0.0;
+    *bytes_read = slice * (size_t)n;
+    if (slice == 0) {
+        snprintf(err, errcap, "the read probe needs at least %zu bytes for %d threads, got %zu",
+                 (size_t)READ_GRAIN * (size_t)n, n, bytes);
+        return -1;
+    }
+    worker *ws = calloc((size_t)n, sizeof *ws);
+    if (ws == NULL) {
+        snprintf(err, errcap, "out of memory (%zu bytes for %d workers)", (size_t)n * sizeof *ws,
+                 n);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        ws[i].run = loops_for(bench_peak_loop(isa));
+        ws[i].read = 1;
+        ws[i].p = (const float *)((const char *)buf + (size_t)i * slice);
+        ws[i].n = slice / sizeof(float);
+        ws[i].count = 1;
+    }
+    const double rate = best_rate(ws, n, (double)slice, READ_WS_TRIAL_S, err, errcap);
+    free(ws);
+    if (rate < 0.0)
+        return -1;
+    *gbs = rate * 1e-9;
     return 0;
 }

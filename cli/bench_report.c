@@ -23,13 +23,26 @@ static void heads_spec(const bench_shape *s, char *buf, size_t cap) {
         snprintf(buf, cap, "%lld/%lld", (long long)s->hq, (long long)s->hkv);
 }
 
+const char *bench_dtype_spec(const bench_shape *s, char *buf, size_t cap) {
+    if (s->dtype == s->kv_dtype)
+        snprintf(buf, cap, "%s", sdpa_dtype_name((sdpa_dtype)s->dtype));
+    else
+        snprintf(buf, cap, "%s/%s", sdpa_dtype_name((sdpa_dtype)s->dtype),
+                 sdpa_dtype_name((sdpa_dtype)s->kv_dtype));
+    return buf;
+}
+
 /* Writes the shape in --shape syntax, so a JSON consumer can hand it back to --shape. */
 void bench_shape_spec(const bench_shape *s, char *buf, size_t cap) {
-    char h[48];
+    char h[48], dt[16] = "";
     heads_spec(s, h, sizeof h);
-    snprintf(buf, cap, "%lld,%s,%lld,%lld,%lld%s%s", (long long)s->b, h, (long long)s->lq,
+    if (s->dtype != SDPA_F32 || s->kv_dtype != SDPA_F32) {
+        dt[0] = ',';
+        bench_dtype_spec(s, dt + 1, sizeof dt - 1);
+    }
+    snprintf(buf, cap, "%lld,%s,%lld,%lld,%lld%s%s%s", (long long)s->b, h, (long long)s->lq,
              (long long)s->lk, (long long)s->d, s->mask == BENCH_MASK_NONE ? "" : ",",
-             s->mask == BENCH_MASK_NONE ? "" : bench_mask_name(s->mask));
+             s->mask == BENCH_MASK_NONE ? "" : bench_mask_name(s->mask), dt);
 }
 
 /* Splits a "key<tabs> : value" line of /proc/cpuinfo in place: *key is the key without its
@@ -119,7 +132,7 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
                                               : "");
     fprintf(f,
             "FP32 FMA peak (%s loop, %d thread%s): %.1f GFLOP/s at the start, %.1f at the end; "
-            "read bandwidth %.1f / %.1f GB/s\n\n",
+            "DRAM read bandwidth (256 MiB) %.1f / %.1f GB/s\n\n",
             sdpa_isa_name(ri->peak_start.isa), ri->peak_start.n_threads,
             ri->peak_start.n_threads == 1 ? "" : "s", ri->peak_start.gflops, ri->peak_end.gflops,
             ri->peak_start.read_gbs, ri->peak_end.read_gbs);
@@ -130,30 +143,37 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
                 sdpa_isa_name(ri->peak_start.isa), ri->isa);
     if (ri->backward)
         fprintf(f, "sdpa_backward (FLOP = 2.5 x the forward's):\n");
-    fprintf(f, "%3s %6s %6s %6s %5s %-9s %5s %10s %10s %10s %9s %6s %8s %5s %9s%s\n", "B", "H",
-            "Lq", "Lk", "D", "mask", "reps", "median ms", "min ms", "max ms", "GFLOP/s", "%peak",
-            "GB/s", "%bw", "extra MB", ri->backward ? "  bwd/fwd" : "");
+    fprintf(f, "%3s %6s %6s %6s %5s %-9s %-9s %5s %10s %10s %10s %9s %6s %8s %8s %8s %6s %9s%s\n",
+            "B", "H", "Lq", "Lk", "D", "mask", "dtype", "reps", "median ms", "min ms", "max ms",
+            "GFLOP/s", "%peak", "GB/s", "KV MB", "rd GB/s", "%bw", "extra MB",
+            ri->backward ? "  bwd/fwd" : "");
     for (int i = 0; i < n; i++) {
         const bench_result *r = &rs[i];
-        char h[48];
+        char h[48], dt[16];
         heads_spec(&r->s, h, sizeof h);
         const double gflops = r->flops / r->t_med * 1e-9, gbs = r->kv_bytes / r->t_med * 1e-9;
         fprintf(f,
-                "%3lld %6s %6lld %6lld %5lld %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%% %8.2f "
-                "%4.1f%% %9.3f",
+                "%3lld %6s %6lld %6lld %5lld %-9s %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%% "
+                "%8.2f %8.1f %8.2f %5.1f%% %9.3f",
                 (long long)r->s.b, h, (long long)r->s.lq, (long long)r->s.lk, (long long)r->s.d,
-                bench_mask_name(r->s.mask), r->reps, r->t_med * 1e3, r->t_min * 1e3, r->t_max * 1e3,
-                gflops, 100.0 * ratio(gflops, ri->peak_gflops), gbs,
-                100.0 * ratio(gbs, ri->peak_gbs), (double)r->extra_bytes / 1e6);
+                bench_mask_name(r->s.mask), bench_dtype_spec(&r->s, dt, sizeof dt), r->reps,
+                r->t_med * 1e3, r->t_min * 1e3, r->t_max * 1e3, gflops,
+                100.0 * ratio(gflops, ri->peak_gflops), gbs, r->kv_bytes / 1e6, r->ws_gbs,
+                100.0 * ratio(gbs, r->ws_gbs), (double)r->extra_bytes / 1e6);
         if (ri->backward)
             fprintf(f, " %8.2f", ratio(r->t_med, r->t_fwd_med));
         fputc('\n', f);
     }
     fprintf(f,
             "\nGFLOP/s = %s*B*Hq*D*(visible pairs) / median; %%peak against the higher of the two "
-            "peaks; GB/s = K and V bytes / median%s.\n",
+            "FMA peaks%s.\n"
+            "dtype = Q and O[/K and V]. GB/s = K and V bytes (KV MB, in the K/V dtype) / median.\n"
+            "rd GB/s = %d thread%s reading that K and V buffer again and again, right before and "
+            "right after the shape\n(the higher), so that a cache that fits in L2 or L3 is "
+            "compared with the bandwidth of that level; %%bw = GB/s / rd GB/s.\n",
             ri->backward ? "10" : "4",
-            ri->backward ? "; bwd/fwd = backward median / forward median, timed alternately" : "");
+            ri->backward ? "; bwd/fwd = backward median / forward median, timed alternately" : "",
+            ri->n_threads, ri->n_threads == 1 ? "" : "s");
 }
 
 static void json_string(FILE *f, const char *s) {
@@ -214,15 +234,28 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
         json_string(f, ri->preset);
     else
         fputs("null", f);
+    /* The run's dtypes where every shape has the same, else "mixed": each shape has its own. */
+    const char *dt = n > 0 ? sdpa_dtype_name((sdpa_dtype)rs[0].s.dtype) : "f32";
+    const char *kdt = n > 0 ? sdpa_dtype_name((sdpa_dtype)rs[0].s.kv_dtype) : "f32";
+    for (int i = 1; i < n; i++) {
+        if (rs[i].s.dtype != rs[0].s.dtype)
+            dt = "mixed";
+        if (rs[i].s.kv_dtype != rs[0].s.kv_dtype)
+            kdt = "mixed";
+    }
     fprintf(f,
-            ",\n  \"dtype\": \"f32\",\n  \"layout\": \"BHLD\",\n  \"reps_max\": %d,\n"
-            "  \"warmup\": %d,\n  \"min_time_s\": ",
-            ri->reps_max, ri->warmup);
+            ",\n  \"dtype\": \"%s\",\n  \"kv_dtype\": \"%s\",\n  \"layout\": \"BHLD\",\n"
+            "  \"reps_max\": %d,\n  \"warmup\": %d,\n  \"min_time_s\": ",
+            dt, kdt, ri->reps_max, ri->warmup);
     json_number(f, ri->min_time);
     fprintf(f, ",\n  \"op\": \"%s\"", ri->backward ? "backward" : "forward");
     fputs(",\n  \"flop_convention\": \"4*B*Hq*D*visible_pairs: 2*D per visible (query, key) "
           "pair for Q K^T and 2*D for P V; softmax not counted; causal counts only the visible "
-          "pairs; the backward counts 2.5 times that\",\n  \"peak\": {\n",
+          "pairs; the backward counts 2.5 times that\",\n  \"bandwidth_convention\": \"gbs = "
+          "kv_bytes (B*Hkv*Lk*D*2 elements of kv_dtype) / median; read_bw = the best rate of "
+          "the run's threads reading the buffer of that K and V (read_bw.bytes), right before "
+          "and right after the shape; pct_bandwidth = gbs / read_bw.gbs; pct_bandwidth_dram = "
+          "gbs / peak.read_gbs (a 256 MiB buffer)\",\n  \"peak\": {\n",
           f);
     json_peak(f, "start", &ri->peak_start);
     fputs(",\n", f);
@@ -242,11 +275,13 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
         fprintf(f,
                 ", \"B\": %lld, \"Hq\": %lld, \"Hkv\": %lld, \"Lq\": %lld, \"Lk\": %lld, "
                 "\"D\": %lld, \"mask\": \"%s\", \"causal\": %s, \"align\": \"%s\",\n"
-                "     \"visible_pairs\": %lld, \"flops\": ",
+                "     \"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"visible_pairs\": %lld, "
+                "\"flops\": ",
                 (long long)r->s.b, (long long)r->s.hq, (long long)r->s.hkv, (long long)r->s.lq,
                 (long long)r->s.lk, (long long)r->s.d, bench_mask_name(r->s.mask),
                 r->s.mask != BENCH_MASK_NONE ? "true" : "false",
                 r->s.mask == BENCH_MASK_CAUSAL_BR ? "bottom-right" : "top-left",
+                sdpa_dtype_name((sdpa_dtype)r->s.dtype), sdpa_dtype_name((sdpa_dtype)r->s.kv_dtype),
                 (long long)r->visible);
         json_count(f, r->flops);
         fputs(", \"kv_bytes\": ", f);
@@ -265,7 +300,16 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
         json_number(f, 100.0 * ratio(gflops, ri->peak_gflops));
         fputs(",\n     \"gbs\": ", f);
         json_number(f, gbs);
-        fputs(", \"pct_bandwidth\": ", f);
+        fprintf(f, ", \"read_bw\": {\"bytes\": %zu, \"threads\": %d, \"before_gbs\": ", r->ws_bytes,
+                ri->n_threads);
+        json_number(f, r->ws_gbs_before);
+        fputs(", \"after_gbs\": ", f);
+        json_number(f, r->ws_gbs_after);
+        fputs(", \"gbs\": ", f);
+        json_number(f, r->ws_gbs);
+        fputs("},\n     \"pct_bandwidth\": ", f);
+        json_number(f, 100.0 * ratio(gbs, r->ws_gbs));
+        fputs(", \"pct_bandwidth_dram\": ", f);
         json_number(f, 100.0 * ratio(gbs, ri->peak_gbs));
         fprintf(f,
                 ", \"extra_bytes\": %zu, \"ctx_bytes\": %zu, \"allocs_per_call\": ", r->extra_bytes,

@@ -61,8 +61,56 @@ else
   fail backward_figures
 fi
 
+# Half precision: --dtype sets Q, K, V and O, a --shape's own DTYPE field wins for its shape,
+# GB/s counts the K/V bytes in their dtype, and every shape has its working-set read probe.
+check dtype 0 -- --dtype f16 --shape 1,1,16,16,8 --shape 1,2/1,8,8,4,causal,f32/bf16 --reps 2 \
+  --min-time 0.2 --threads 1 --json "$tmp/d.json"
+if python3 - "$tmp/d.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+a, b = j["shapes"]
+assert (a["dtype"], a["kv_dtype"], a["spec"]) == ("f16", "f16", "1,1,16,16,8,f16"), a
+assert a["kv_bytes"] == 2 * 16 * 8 * 2, a["kv_bytes"]
+assert (b["dtype"], b["kv_dtype"], b["spec"]) == ("f32", "bf16", "1,2/1,8,8,4,causal,f32/bf16"), b
+assert b["kv_bytes"] == 2 * 8 * 4 * 2 and b["flops"] == 4 * 2 * 4 * 36, b
+assert j["dtype"] == "mixed" and j["kv_dtype"] == "mixed", (j["dtype"], j["kv_dtype"])
+for s in (a, b):
+    rb = s["read_bw"]
+    assert rb["bytes"] >= s["kv_bytes"] and rb["threads"] == 1, rb
+    assert rb["before_gbs"] > 0 and rb["after_gbs"] > 0, rb
+    assert rb["gbs"] == max(rb["before_gbs"], rb["after_gbs"]), rb
+    for k in ("gbs", "pct_bandwidth", "pct_bandwidth_dram"):
+        assert s[k] is not None and s[k] > 0, (k, s)
+assert "bandwidth_convention" in j
+PY
+then ok dtype_json; else fail dtype_json; fi
+if grep -Eq '^ +1 +2/1 +8 +8 +4 +causal +f32/bf16 ' "$tmp/out" && grep -q 'rd GB/s' "$tmp/out"; then
+  ok dtype_table
+else
+  fail dtype_table
+fi
+# --kv-dtype alone keeps Q and O in f32; the backward takes half-precision K and V too.
+check kv_dtype_backward 0 -- --kv-dtype bf16 --backward --shape 1,2,8,8,4 --reps 1 --min-time 0.1 \
+  --threads 1 --json "$tmp/kb.json"
+if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); s=j["shapes"][0]; assert (j["dtype"], j["kv_dtype"], s["spec"], s["kv_bytes"]) == ("f32", "bf16", "1,2,8,8,4,f32/bf16", 2*2*8*4*2) and s["bwd_over_fwd"] > 0, s' \
+  "$tmp/kb.json" 2>/dev/null; then
+  ok kv_dtype_figures
+else
+  fail kv_dtype_figures
+fi
+check bad_dtype 2 -- --dtype f8 --shape 1,1,4,4,4
+if grep -q -- "--dtype wants f32, f16 or bf16, got 'f8'" "$tmp/err"; then ok bad_dtype_message; else fail bad_dtype_message; fi
+check bad_kv_dtype 2 -- --kv-dtype --shape 1,1,4,4,4
+check bad_shape_dtype 2 -- --shape 1,1,4,4,4,f64
+if grep -q 'DTYPE T or T/KVT' "$tmp/err"; then ok bad_shape_dtype_message; else fail bad_shape_dtype_message; fi
+check bad_shape_two_dtypes 2 -- --shape 1,1,4,4,4,f16,bf16
+check bad_shape_two_masks 2 -- --shape 1,1,4,4,4,causal,none
+# The decode preset is known (the bad --json path stops it before any timing: exit 1, not 2).
+check preset_decode 1 -- --preset decode --json "$tmp/no/such/dir/x.json"
+
 check help 0 -- --help
 if grep -q 'visible' "$tmp/out"; then ok help_flops; else fail help_flops; fi
+if grep -q -- '--kv-dtype' "$tmp/out" && grep -q 'rd GB/s' "$tmp/out"; then ok help_dtype; else fail help_dtype; fi
 check bad_option 2 -- --frob
 check bad_threads 2 -- --threads -3
 check bad_shape 2 -- --shape 1,3/2,8,8,4

@@ -12,6 +12,9 @@ Re-run it from the repository root (after `make`, which builds build/cli/sdpa):
                                                                    # has torch 2.x and numpy
     python3 bench/peers/run_peers.py --threads 2 --backward       # the backward: sdpa against
                                                                    # torch autograd
+    python3 bench/peers/run_peers.py --threads 2 --dtype bf16     # half precision (f16, bf16)
+    python3 bench/peers/run_peers.py --threads 2 --preset decode  # the decode targets of issue
+                                                                   # 13: f32 Q/O, f16 K/V cache
 
 The peers run in virtual environments under bench/peers/ (git ignores them), created and filled
 with pip on first use; later runs reuse them, and deleting one rebuilds it:
@@ -33,8 +36,9 @@ What it does:
      It runs first because its JSON is the one definition of the shapes (the presets live in
      cli/bench.c), so the peers are timed at exactly the shapes sdpa was;
   2. in the peers' interpreter (a child process of this script), with the same thread count:
-     - PyTorch torch.nn.functional.scaled_dot_product_attention, f32, CPU,
-       torch.set_num_threads(N), under torch.inference_mode();
+     - PyTorch torch.nn.functional.scaled_dot_product_attention, CPU, torch.set_num_threads(N),
+       under torch.inference_mode(), Q in the shape's dtype and K, V in its kv_dtype (see
+       "Dtypes" below);
      - the seeds' numpy code: scores = Q @ K^T / sqrt(d); softmax(scores) row by row
        (exp(x - max) / sum); output = weights @ V, over all heads at once with numpy
        broadcasting, so it materialises (B, H, Lq, Lk) arrays. Shapes whose three live
@@ -74,6 +78,27 @@ What it does:
           features. MKL cannot be asked what it chose.
 --no-ggml leaves ggml out; --ggml-python PATH runs ggml in an interpreter of your own.
 
+Dtypes. --dtype and --kv-dtype go to sdpa bench (as does a DTYPE field in --shape), and each
+shape of its JSON carries its dtype (Q and O) and kv_dtype (K and V). Every worker draws the
+inputs in f32 and rounds them to those dtypes (to nearest even; bf16 on the bits, numpy having
+no bfloat16), so all see the same values:
+  - torch holds Q in dtype and K, V in kv_dtype (torch.float16, torch.bfloat16). Where the two
+    differ (the decode preset's f32 Q/O with an f16 cache), F.scaled_dot_product_attention,
+    which wants one dtype, gets K and V converted to Q's dtype inside the timed call: what a
+    model that keeps its cache in half precision and computes in f32 does, and the same
+    precision as sdpa's mixed call (column "torch"). A second figure, "torch kv" (JSON
+    torch_kv), runs all of it in kv_dtype, Q converted before the clock and the output in
+    kv_dtype: what a model run wholly in half precision does. sdpa/torch is against "torch".
+    With --backward the conversion is part of the graph (dK, dV come back in kv_dtype);
+    torch_kv is not timed there;
+  - numpy runs the seeds' code in f32 on the rounded values;
+  - ggml gets Q in f32 (its flash attention takes an f32 Q) and K, V in f32 ("ggml") and in
+    f16 ("ggml f16 K/V", what llama.cpp's cache holds), from the same rounded values.
+The decode lines give each peer's time and cache GB/s: the bytes of K and V it reads (sdpa and
+torch in kv_dtype, numpy and ggml in f32, ggml f16 in f16) / median; and sdpa's %bw against
+the read bandwidth sdpa bench measured at that shape's working set (its K and V buffer, right
+before and after the shape), beside the DRAM figure.
+
 The FLOP count is sdpa bench's: 4 * B * Hq * D * (visible (query, key) pairs); with causal
 only the visible pairs count, for every implementation, although numpy computes them all.
 Timing follows sdpa bench: warm-up calls, then repetitions until --reps are done or --min-time
@@ -98,9 +123,9 @@ and the table says so: the seeds' numpy code is forward only, and ggml's backwar
 (ggml_flash_attn_back) is the old one, not the ggml_flash_attn_ext this script times; no ggml
 environment is built for it. The JSON then holds torch's ms_forward_median and bwd_over_fwd.
 
-The JSON of --json holds sdpa's JSON, the peers' figures per shape (torch, numpy, ggml,
-ggml_f16: reps, median/min/max ms, GFLOP/s, K/V GB/s, and for ggml max_rel_err, or
-skipped/failed with the reason), the ISA each system reported, the thread count, --isa and
+The JSON of --json holds sdpa's JSON, the peers' figures per shape (torch, torch_kv for mixed
+dtypes, numpy, ggml, ggml_f16: reps, median/min/max ms, GFLOP/s, K/V GB/s, and for ggml
+max_rel_err, or skipped/failed with the reason), the ISA each system reported, the thread count, --isa and
 --backward.
 """
 
@@ -174,26 +199,50 @@ def visibility(np, s):
     return j <= i + off
 
 
+ELEM_SIZE = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def dtypes(s):
+    """The shape's (Q and O, K and V) dtypes as sdpa bench's JSON gives them; f32 for a JSON
+    of a version that had none."""
+    return s.get("dtype", "f32"), s.get("kv_dtype", s.get("dtype", "f32"))
+
+
+def round_to(np, x, dt):
+    """x (f32) rounded to nearest even to dt and held in f32 again: numpy has no bfloat16, so
+    bf16 is done on the bits (the inputs are finite)."""
+    if dt == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if dt == "bf16":
+        u = x.view(np.uint32).astype(np.uint64)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return u.astype(np.uint32).view(np.float32)
+    return x
+
+
 def inputs(np, s, index):
-    """Q (B, Hq, Lq, D), K and V (B, Hkv, Lk, D), f32 uniform in [-1, 1), from the seed
-    index, and a CRC-32 of their bytes, by which the driver sees that every worker had the
-    same arrays."""
+    """Q (B, Hq, Lq, D), K and V (B, Hkv, Lk, D), uniform in [-1, 1) from the seed index,
+    drawn in f32 and rounded to the shape's dtypes (Q to dtype, K and V to kv_dtype) but held
+    in f32, and a CRC-32 of their bytes, by which the driver sees that every worker had the
+    same arrays. Each peer converts them to what it runs in, exactly."""
     rng = np.random.default_rng(index)
     B, Hq, Hkv, Lq, Lk, D = (s[k] for k in ("B", "Hq", "Hkv", "Lq", "Lk", "D"))
-    q = rng.uniform(-1, 1, (B, Hq, Lq, D)).astype(np.float32)
-    k = rng.uniform(-1, 1, (B, Hkv, Lk, D)).astype(np.float32)
-    v = rng.uniform(-1, 1, (B, Hkv, Lk, D)).astype(np.float32)
+    qdt, kvdt = dtypes(s)
+    q = round_to(np, rng.uniform(-1, 1, (B, Hq, Lq, D)).astype(np.float32), qdt)
+    k = round_to(np, rng.uniform(-1, 1, (B, Hkv, Lk, D)).astype(np.float32), kvdt)
+    v = round_to(np, rng.uniform(-1, 1, (B, Hkv, Lk, D)).astype(np.float32), kvdt)
     crc = 0
     for x in (q, k, v):
-        crc = zlib.crc32(memoryview(x).cast("B"), crc)
+        crc = zlib.crc32(memoryview(np.ascontiguousarray(x)).cast("B"), crc)
     return q, k, v, crc
 
 
 def dout_for(np, s, index):
-    """dL/dout for --backward: (B, Hq, Lq, D) f32 uniform in [-1, 1), from its own stream of
-    the shape's seed (q, k and v are those of inputs())."""
+    """dL/dout for --backward: (B, Hq, Lq, D) uniform in [-1, 1), from its own stream of the
+    shape's seed (q, k and v are those of inputs()), rounded to Q's dtype, held in f32."""
     rng = np.random.default_rng([index, 1])
-    return rng.uniform(-1, 1, (s["B"], s["Hq"], s["Lq"], s["D"])).astype(np.float32)
+    return round_to(np, rng.uniform(-1, 1, (s["B"], s["Hq"], s["Lq"], s["D"])).astype(
+        np.float32), dtypes(s)[0])
 
 
 def time_fwd_bwd(fwd, bwd, warmup, reps, min_time):
@@ -263,8 +312,17 @@ def run_torch_numpy(job, results):
         vis = visibility(np, s)
         row = {"spec": s["spec"], "inputs_crc32": crc}
 
-        # PyTorch: is_causal is top-left; bottom-right needs an explicit bool mask.
-        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        # PyTorch: is_causal is top-left; bottom-right needs an explicit bool mask. Q (and so
+        # the output) in the shape's dtype, K and V in its kv_dtype. F.scaled_dot_product_
+        # attention wants one dtype for the three, so where they differ (f32 Q/O with an f16
+        # cache) K and V are converted to Q's dtype inside the timed call, as a model that
+        # keeps its cache in half precision and computes in f32 does (the figure "torch");
+        # a second figure, "torch_kv", runs all of it in the cache's dtype (Q converted before
+        # the clock, the output in that dtype), as a model run wholly in half precision does.
+        qdt, kvdt = dtypes(s)
+        tdt = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+        tq = torch.from_numpy(q).to(tdt[qdt])
+        tk, tv = (torch.from_numpy(x).to(tdt[kvdt]) for x in (k, v))
         kw = {}
         if g > 1 and has_gqa:
             kw["enable_gqa"] = True
@@ -274,17 +332,26 @@ def run_torch_numpy(job, results):
             kw["is_causal"] = True
         elif s["causal"]:
             kw["attn_mask"] = torch.from_numpy(vis)
+        mixed = qdt != kvdt
+
+        def attend(q_, k_, v_):
+            if mixed:
+                k_, v_ = k_.to(q_.dtype), v_.to(q_.dtype)
+            return F.scaled_dot_product_attention(q_, k_, v_, **kw)
+
         if job.get("backward"):
             # Autograd: a forward with requires_grad inputs (it saves what the backward needs),
             # then torch.autograd.grad(out, (q, k, v), dout), which is timed; each repetition
             # runs both, the forward timed apart. s["flops"] is sdpa's: 2.5 x the forward's.
+            # Mixed dtypes: the conversion of K and V is part of the graph, and their
+            # gradients come back in the cache's dtype.
             for x in (tq, tk, tv):
                 x.requires_grad_(True)
-            tdo = torch.from_numpy(dout_for(np, s, index))
+            tdo = torch.from_numpy(dout_for(np, s, index)).to(tdt[qdt])
             leaves = (tq, tk, tv)  # with "expanded" GQA, the expanded K and V
 
             def fwd():
-                return F.scaled_dot_product_attention(tq, tk, tv, **kw)
+                return attend(tq, tk, tv)
 
             def bwd(out):
                 return torch.autograd.grad(out, leaves, tdo)
@@ -295,14 +362,24 @@ def run_torch_numpy(job, results):
             row["torch"]["bwd_over_fwd"] = statistics.median(t_bwd) / statistics.median(t_fwd)
         else:
             with torch.inference_mode():
-                times = time_calls(lambda: F.scaled_dot_product_attention(tq, tk, tv, **kw),
+                times = time_calls(lambda: attend(tq, tk, tv),
                                    job["warmup"], job["reps"], job["min_time"])
-            row["torch"] = summary(times, s["flops"])
+                row["torch"] = summary(times, s["flops"])
+                if mixed:
+                    tq_kv = tq.to(tdt[kvdt])
+                    times = time_calls(
+                        lambda: F.scaled_dot_product_attention(tq_kv, tk, tv, **kw),
+                        job["warmup"], job["reps"], job["min_time"])
+                    row["torch_kv"] = summary(times, s["flops"])
+                    row["torch_kv"]["dtype"] = kvdt
         row["torch"]["gqa"] = "enable_gqa" if "enable_gqa" in kw else (
             "expanded" if g > 1 else "none")
+        row["torch"]["dtype"] = qdt
+        row["torch"]["kv"] = "converted to %s in the call" % qdt if mixed else kvdt
 
-        # The seeds' numpy code, batched over (B, H) by broadcasting. Three Lq x Lk arrays are
-        # alive at its peak: the scores, exp(x - max) and the weights.
+        # The seeds' numpy code, batched over (B, H) by broadcasting, in f32 whatever the
+        # dtypes (numpy has no bfloat16): the inputs rounded to them, held in f32. Three
+        # Lq x Lk arrays are alive at its peak: the scores, exp(x - max) and the weights.
         need = 3 * s["B"] * s["Hq"] * s["Lq"] * s["Lk"] * 4
         if job.get("backward"):
             row["numpy"] = {"skipped": "forward only (the seeds' code has no backward)"}
@@ -367,10 +444,14 @@ def worker(job_path, out_path):
     for row, s in zip(results["shapes"], job["shapes"]):
         if job.get("backward"):
             break  # K/V GB/s is a decode figure, not the backward's
-        for peer, kv_bytes in (("torch", s["kv_bytes"]), ("numpy", s["kv_bytes"]),
-                               ("ggml", s["kv_bytes"]), ("ggml_f16", s["kv_bytes"] / 2)):
+        # The bytes of the K and V each peer keeps and reads: torch's are in the cache's dtype
+        # (as sdpa's), numpy's and ggml's in f32, ggml_f16's in f16.
+        elems = s["kv_bytes"] / ELEM_SIZE[dtypes(s)[1]]
+        kv_size = {"torch": ELEM_SIZE[dtypes(s)[1]], "torch_kv": ELEM_SIZE[dtypes(s)[1]],
+                   "numpy": 4, "ggml": 4, "ggml_f16": 2}
+        for peer, size in kv_size.items():
             if "ms_median" in row.get(peer, {}):
-                row[peer]["gbs"] = kv_bytes / (row[peer]["ms_median"] * 1e-3) * 1e-9
+                row[peer]["gbs"] = elems * size / (row[peer]["ms_median"] * 1e-3) * 1e-9
     with open(out_path, "w") as f:
         json.dump(results, f, indent=1)
 
@@ -484,18 +565,20 @@ def print_table(args, sdpa, peers, peak):
         peak, sdpa["peak"]["start"]["fma_gflops"], sdpa["peak"]["end"]["fma_gflops"],
         sdpa["peak"]["start"]["isa"]))
     print()
-    row_fmt = "%-28s %9s %9s %9s %9s %12s %10s %9s %8s %9s %9s %8s"
-    print(row_fmt % ("shape (B,H,Lq,Lk,D[,mask])", "sdpa", "torch", "numpy", "ggml",
-                     "ggml f16 K/V", "sdpa/torch", "sdpa/ggml", "sdpa %pk", "torch %pk",
+    row_fmt = "%-34s %9s %9s %9s %9s %9s %12s %10s %9s %8s %9s %9s %8s"
+    print(row_fmt % ("shape (B,H,Lq,Lk,D[,mask][,dt])", "sdpa", "torch", "torch kv", "numpy",
+                     "ggml", "ggml f16 K/V", "sdpa/torch", "sdpa/ggml", "sdpa %pk", "torch %pk",
                      "numpy %pk", "ggml %pk"))
-    print("%-28s %9s %9s %9s %9s %12s" % ("", "GFLOP/s", "GFLOP/s", "GFLOP/s", "GFLOP/s",
-                                          "GFLOP/s"))
+    print("%-34s %9s %9s %9s %9s %9s %12s" % ("", "GFLOP/s", "GFLOP/s", "GFLOP/s", "GFLOP/s",
+                                              "GFLOP/s", "GFLOP/s"))
     notes = []
     pct = (lambda x: None if x is None or not peak else 100.0 * x / peak)
+    mixed_seen = False
     for s, p in zip(sdpa["shapes"], peers["shapes"]):
         a = s["gflops"]
-        t, n, g, h = (p.get(peer, {}).get("gflops")
-                      for peer in ("torch", "numpy", "ggml", "ggml_f16"))
+        t, tkv, n, g, h = (p.get(peer, {}).get("gflops")
+                           for peer in ("torch", "torch_kv", "numpy", "ggml", "ggml_f16"))
+        mixed_seen = mixed_seen or "torch_kv" in p
         if "skipped" in p["numpy"]:
             notes.append("numpy skipped at %s: %s" % (s["spec"], p["numpy"]["skipped"]))
         for peer, label in (("ggml", "ggml"), ("ggml_f16", "ggml f16 K/V")):
@@ -507,16 +590,25 @@ def print_table(args, sdpa, peers, peak):
                              "reference (ggml accumulates P V in f16 there)"
                              % (s["spec"], fig["max_rel_err"]))
         print(row_fmt % (
-            s["spec"], fmt(a), fmt(t), fmt(n), fmt(g), fmt(h),
+            s["spec"], fmt(a), fmt(t), fmt(tkv), fmt(n), fmt(g), fmt(h),
             fmt(a / t if t else None, "%.3gx"), fmt(a / g if g else None, "%.3gx"),
             fmt(pct(a), "%.1f%%"), fmt(pct(t), "%.1f%%"), fmt(pct(n), "%.1f%%"),
             fmt(pct(g), "%.1f%%")))
         if s["Lq"] == 1:
-            notes.append("decode %s: K and V read at sdpa %.1f, torch %s, numpy %s, ggml %s, "
-                         "ggml f16 %s GB/s (measured read bandwidth %.1f GB/s)" % (
-                             s["spec"], s["gbs"], fmt(p["torch"].get("gbs")),
-                             fmt(p["numpy"].get("gbs")), fmt(p.get("ggml", {}).get("gbs")),
-                             fmt(p.get("ggml_f16", {}).get("gbs")), sdpa["peak"]["read_gbs"]))
+            ms = (lambda peer: fmt(p.get(peer, {}).get("ms_median"), "%.2f"))
+            gbs = (lambda peer: fmt(p.get(peer, {}).get("gbs")))
+            rb = s.get("read_bw", {}).get("gbs")
+            notes.append(
+                "decode %s: ms (cache GB/s) sdpa %.2f (%.1f), torch %s (%s)%s, numpy %s (%s), "
+                "ggml %s (%s), ggml f16 %s (%s); read bandwidth %s GB/s at this working set "
+                "(%.1f MB, sdpa at %s of it), DRAM %.1f GB/s" % (
+                    s["spec"], s["ms_median"], s["gbs"], ms("torch"), gbs("torch"),
+                    ", torch in %s %s (%s)" % (p["torch_kv"]["dtype"], ms("torch_kv"),
+                                               gbs("torch_kv")) if "torch_kv" in p else "",
+                    ms("numpy"), gbs("numpy"), ms("ggml"), gbs("ggml"), ms("ggml_f16"),
+                    gbs("ggml_f16"), fmt(rb), s.get("read_bw", {}).get("bytes", 0) / 1e6,
+                    fmt(s.get("pct_bandwidth") if rb else None, "%.1f%%"),
+                    sdpa["peak"]["read_gbs"]))
         if p.get("ggml_inputs_differ"):
             notes.append("ggml at %s: its worker drew other inputs than torch's (numpy versions "
                          "that draw differently?); same distribution, other values" % s["spec"])
@@ -529,6 +621,14 @@ def print_table(args, sdpa, peers, peak):
     for line in notes:
         print(line)
     print("GFLOP/s = 4*B*Hq*D*(visible pairs) / median time, the same count for all of them.")
+    print("dtypes: sdpa and torch run Q/O and K/V in the shape's dtypes (dt = Q/O[/K/V]); "
+          "numpy in f32 and ggml with f32 Q and f32 or f16 K/V, on the same values rounded "
+          "to the shape's dtypes.")
+    if mixed_seen:
+        print("torch: where Q/O and K/V differ, K and V are converted to Q's dtype inside the "
+              "timed call; 'torch kv' runs all in the K/V dtype (Q converted before the clock).")
+    print("cache GB/s: the bytes of K and V each one reads (sdpa and torch in the K/V dtype, "
+          "numpy and ggml in f32, ggml f16 in f16) / median time.")
     for w in warn:
         print("WARNING: --isa avx2, but %s." % w)
 
@@ -549,7 +649,7 @@ def print_backward_table(args, sdpa, peers, peak):
         peak, sdpa["peak"]["start"]["fma_gflops"], sdpa["peak"]["end"]["fma_gflops"],
         sdpa["peak"]["start"]["isa"]))
     print()
-    row_fmt = "%-28s %9s %9s %9s %9s %10s %9s %9s %9s %9s"
+    row_fmt = "%-34s %9s %9s %9s %9s %10s %9s %9s %9s %9s"
     print(row_fmt % ("shape (B,H,Lq,Lk,D[,mask])", "sdpa bwd", "torch bwd", "sdpa bwd",
                      "torch bwd", "sdpa/torch", "sdpa", "torch", "sdpa %pk", "torch %pk"))
     print(row_fmt % ("", "ms", "ms", "GFLOP/s", "GFLOP/s", "(bwd)", "bwd/fwd", "bwd/fwd", "(bwd)",
@@ -590,10 +690,15 @@ def main():
         description="Time sdpa, PyTorch SDPA, the seeds' numpy code and ggml's flash "
                     "attention side by side.",
         epilog="Shapes and presets are those of `sdpa bench`; see its --help.")
-    ap.add_argument("--preset", choices=("quick", "full"), default="quick")
+    ap.add_argument("--preset", choices=("quick", "full", "decode"), default="quick")
     ap.add_argument("--shape", action="append", default=[],
-                    help="B,H,Lq,Lk,D[,causal|causal-br] (H may be Hq/Hkv); repeatable; "
-                         "replaces the preset")
+                    help="B,H,Lq,Lk,D[,causal|causal-br][,DTYPE] (H may be Hq/Hkv, DTYPE T "
+                         "or T/KVT); repeatable; replaces the preset")
+    ap.add_argument("--dtype", choices=("f32", "f16", "bf16"),
+                    help="Q, K, V and O's dtype (sdpa bench --dtype; default f32)")
+    ap.add_argument("--kv-dtype", choices=("f32", "f16", "bf16"),
+                    help="K and V's dtype (sdpa bench --kv-dtype; default --dtype, f16 in the "
+                         "decode preset)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="threads for every implementation (default: all CPUs)")
     ap.add_argument("--isa", choices=("native", "avx2"), default="native",
@@ -648,6 +753,9 @@ def main():
         cmd += [a for s in args.shape for a in ("--shape", s)] or ["--preset", args.preset]
         if args.backward:
             cmd.append("--backward")
+        for opt, val in (("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype)):
+            if val:
+                cmd += [opt, val]
         print("$ %s%s" % ("SDPA_MAX_ISA=avx2 " if args.isa == "avx2" else "", " ".join(cmd)),
               flush=True)
         if subprocess.call(cmd, env=sdpa_env) != 0:
