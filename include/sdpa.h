@@ -421,6 +421,56 @@ SDPA_API sdpa_status sdpa_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sd
                                    const sdpa_params *params, sdpa_tensor *dq, sdpa_tensor *dk,
                                    sdpa_tensor *dv);
 
+/* ---------------------------------------------------------------------------------------- */
+/* Merge                                                                                     */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Combines partial results computed over disjoint sets of keys into the exact result over
+ * their union. If part p is sdpa_forward(q, K_p, V_p) with its lse, for key sets K_p that
+ * together make K, the merge is sdpa_forward(q, K, V) with its lse, up to rounding. This is
+ * the building block of split-KV decode (a long cache cut into chunks), chunked prefill (new
+ * keys merged with a cached prefix's result) and sequence parallelism (ring attention: each
+ * device's partial result merged as the K/V blocks go round). The parts must be computed with
+ * the keys' global positions: causal, window, ALiBi and mask refer to the position of a key in
+ * the whole sequence, so the caller applies them per part (a mask sliced to the part's keys,
+ * the window and causal rule restated with the part's offset); sdpa_merge sees only (O, LSE).
+ *
+ * Per row, over the parts whose lse_p is not -inf (a part with no visible key, or an empty
+ * part, represented as O_p = 0 and lse_p = -inf, contributes nothing, even if its O_p holds
+ * NaN):
+ *     M = max_p lse_p,  w_p = exp(lse_p - M),  O = sum_p w_p O_p / sum_p w_p,
+ *     LSE = M + log(sum_p w_p).
+ * Every part -inf: O = 0 and LSE = -inf (never NaN), as for a fully masked row. A NaN or +inf
+ * lse_p makes the row NaN (O and LSE). A NaN in O_p[d] of a part whose lse_p is finite makes
+ * O[d] NaN. The sums are taken in double, parts in index order, and each value is rounded
+ * once to its output's dtype: the results are bitwise the same for any n_threads.
+ *
+ * @param ctx      a context (used by one thread at a time).
+ * @param n_parts  the number of parts, >= 1.
+ * @param outs     n_parts tensors (B, H, L, D), F32/F16/BF16: the parts' outputs. Each may
+ *                 have its own dtype and strides.
+ * @param lses     n_parts tensors (B, H, L, 1) F32: the parts' log-sum-exp, as sdpa_forward
+ *                 writes them.
+ * @param out      (B, H, L, D), F32/F16/BF16, written.
+ * @param lse      NULL, or (B, H, L, 1) F32, written with the union's log-sum-exp.
+ *
+ * Strides, alignment and aliasing as for sdpa_forward: inputs may overlap each other (parts
+ * may be views of one buffer), outputs must not overlap each other or any input. Extra memory
+ * is n_parts x (D + 2) floats and D doubles per thread.
+ *
+ * @return SDPA_OK, or an error, in which case out and lse are untouched and
+ *         sdpa_ctx_last_error(ctx) names the argument and its values
+ *         ("outs[2].shape[1]=4 but out.shape[1]=8"):
+ *   SDPA_ERR_PARAM (n_parts < 1, a misaligned pointer), SDPA_ERR_NULL (a NULL ctx, array,
+ *   tensor or data pointer), SDPA_ERR_DTYPE, SDPA_ERR_DIM, SDPA_ERR_SHAPE,
+ *   SDPA_ERR_OVERFLOW (an address span, or n_parts beyond what an array can hold),
+ *   SDPA_ERR_ALIAS, SDPA_ERR_NOMEM; or SDPA_ERR_BUSY, with no message, when another thread's
+ *   call is using ctx (see Thread safety).
+ */
+SDPA_API sdpa_status sdpa_merge(sdpa_ctx *ctx, int64_t n_parts, const sdpa_tensor *outs,
+                                const sdpa_tensor *lses, sdpa_tensor *out, sdpa_tensor *lse);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,11 +1,13 @@
 /*
  * api.c — the public entry points: validate, choose an implementation from the kernel
- * table, run it. On any failure the outputs are untouched (validation writes nothing, and
- * implementations may fail only before they write, with SDPA_ERR_NOMEM). A context serves one
- * call at a time: a call that finds it busy returns SDPA_ERR_BUSY without touching it.
+ * table, run it (sdpa_merge has a single one, src/attn/merge.c). On any failure the outputs
+ * are untouched (validation writes nothing, and implementations may fail only before they
+ * write, with SDPA_ERR_NOMEM). A context serves one call at a time: a call that finds it busy
+ * returns SDPA_ERR_BUSY without touching it.
  */
 #include "context.h"
 
+#include "attn/merge.h"
 #include "core/validate.h"
 
 /* Claims ctx for one call. @return 0, or 1 if another call holds it. The acquire pairs with
@@ -62,4 +64,16 @@ sdpa_status sdpa_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor
         return release(ctx, st);
     const sdpa__impl *impl = sdpa__select(ctx->features, ctx->cap, SDPA__OP_BACKWARD, &p);
     return release(ctx, impl->backward(impl, ctx, &p, out, lse, dout, dq, dk, dv));
+}
+
+sdpa_status sdpa_merge(sdpa_ctx *ctx, int64_t n_parts, const sdpa_tensor *outs,
+                       const sdpa_tensor *lses, sdpa_tensor *out, sdpa_tensor *lse) {
+    if (ctx == NULL)
+        return SDPA_ERR_NULL;
+    if (claim(ctx))
+        return SDPA_ERR_BUSY;
+    sdpa_status st = sdpa__check_merge(ctx, n_parts, outs, lses, out, lse);
+    if (st != SDPA_OK)
+        return release(ctx, st);
+    return release(ctx, sdpa__merge(ctx, n_parts, outs, lses, out, lse));
 }

@@ -332,6 +332,24 @@ sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa) {
     return ctx;
 }
 
+static void *failing_alloc(size_t size, size_t align, void *user) {
+    tu_failing_alloc *fa = user;
+    void *p = NULL;
+    if (fa->fail || posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size))
+        return NULL;
+    fa->outstanding++;
+    return p;
+}
+
+static void failing_free(void *ptr, void *user) {
+    ((tu_failing_alloc *)user)->outstanding--;
+    free(ptr);
+}
+
+sdpa_allocator tu_failing_allocator(tu_failing_alloc *fa) {
+    return (sdpa_allocator){failing_alloc, failing_free, fa};
+}
+
 int tu_impls(tu_impl out[TU_MAX_IMPLS]) {
     int count, n_out = 0;
     const sdpa__impl *const *list = sdpa__impls(&count);

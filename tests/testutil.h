@@ -115,6 +115,17 @@ double tu_mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t
 /* Creates a context or aborts the test program (tests only). */
 sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa);
 
+/* An allocator for sdpa_ctx_params that fails every request while `fail` is set (after the
+ * context has been made, say) and counts the blocks outstanding, to check that a failed call
+ * leaks nothing. */
+typedef struct tu_failing_alloc {
+    int fail;
+    long outstanding;
+} tu_failing_alloc;
+
+/* The hooks over fa: {alloc, free, fa}. */
+sdpa_allocator tu_failing_allocator(tu_failing_alloc *fa);
+
 /* ---- the registered implementations -------------------------------------------------------- */
 
 struct sdpa__impl; /* src/dispatch/impl.h */

@@ -14,6 +14,8 @@ Functions:
                                 window, alignment, softcap, alibi_slopes, return_lse, context
   attention_weights             the softmax probabilities themselves (for heatmaps)
   attention_backward            dq, dk, dv of the forward, given dL/dout (and its out and lse)
+  merge                         (out, lse) over the union of disjoint key sets, from the
+                                (out, lse) of each (split-KV decode, chunked prefill)
   info                          the library's version, kernels and threads
   Context                       a context of its own: threads and an instruction-set cap
 
@@ -33,8 +35,8 @@ import numpy as np
 
 from . import _sdpa
 
-__all__ = ["scaled_dot_product_attention", "attention_weights", "attention_backward", "info",
-           "Context"]
+__all__ = ["scaled_dot_product_attention", "attention_weights", "attention_backward", "merge",
+           "info", "Context"]
 __version__ = _sdpa.version()
 
 _ISA = {None: _sdpa.ISA_AUTO, "auto": _sdpa.ISA_AUTO, "generic": _sdpa.ISA_GENERIC,
@@ -363,6 +365,49 @@ def attention_backward(query, key, value, out, lse, dout, attn_mask=None, dropou
                    (_rank4(dk_v, "dk"), pb.k_code), (_rank4(dv_v, "dv"), pb.v_code),
                    pb.mask_arg(), pb.params)
     return dq, dk, dv
+
+
+def merge(outs, lses, *, context=None):
+    """Combines attention computed over disjoint sets of keys into attention over their union.
+
+    outs: a sequence of n >= 1 outputs (..., L, Ev), each a numpy array or CPU torch tensor of
+    float32, float16 or bfloat16; lses: their log-sum-exps (..., L) float32, as
+    scaled_dot_product_attention(..., return_lse=True) returns them. If part p is attention
+    over the keys K_p, the result is attention over all of them, exactly (up to rounding):
+    the building block of split-KV decode, chunked prefill and ring attention. Compute the
+    parts with the keys' global positions (a mask sliced to the part's keys: causal, window
+    and ALiBi refer to positions in the whole sequence). An empty or fully masked part is
+    out = 0, lse = -inf and contributes nothing; a row where every part is -inf gives 0 and
+    -inf; a NaN or +inf lse makes its row NaN. Sums are in float64, in part order, rounded
+    once: the same bits for any thread count.
+
+    Returns (out, lse): out (..., L, Ev) of outs[0]'s kind and dtype, lse (..., L) float32.
+    No gradient flows through it. Errors: TypeError (dtypes, kinds), ValueError (shapes,
+    counts), MemoryError.
+    """
+    ctx = context if context is not None else _default_context()
+    outs, lses = list(outs), list(lses)
+    if not outs or len(outs) != len(lses):
+        raise ValueError("merge: %d outputs and %d lses; give one of each per part, at least "
+                         "one part" % (len(outs), len(lses)))
+    o_args, l_args, kind, code, shape = [], [], None, None, None
+    for p, (o, lv) in enumerate(zip(outs, lses)):
+        ov, o_code, o_kind = _view(o, "outs[%d]" % p)
+        lvv, l_code, _ = _view(lv, "lses[%d]" % p)
+        if p == 0:
+            kind, code, shape = o_kind, o_code, ov.shape
+        elif ov.shape != shape:
+            raise ValueError("outs[%d] has shape %s but outs[0] %s" % (p, ov.shape, shape))
+        if lvv.shape != shape[:-1]:
+            raise ValueError("lses[%d] has shape %s, expected %s (outs' without the last "
+                             "dimension)" % (p, lvv.shape, shape[:-1]))
+        o_args.append((_rank4(ov, "outs[%d]" % p), o_code))
+        l_args.append((_rank4(lvv[..., None], "lses[%d]" % p), l_code))
+    out, out_v = _new_like(kind, shape, code)
+    lse, lse_v = _new_like(kind, shape[:-1], _sdpa.F32)
+    _sdpa.merge(ctx, o_args, l_args, (_rank4(out_v, "out"), code),
+                (_rank4(lse_v[..., None], "lse"), _sdpa.F32))
+    return out, lse
 
 
 def info(context=None):

@@ -8,9 +8,10 @@
  * converted from bytes to elements, so any view the C API can express is taken without a copy.
  * fast_forward, the common case of scaled_dot_product_attention in one call, reads numpy
  * arrays of any rank the same way and makes its result with numpy.empty, both of which
- * sdpa/__init__.py hands over through set_numpy (see "the fast path" below). The GIL is released
- * while the library computes; a library error becomes ValueError (arguments), TypeError
- * (dtypes), MemoryError (memory) or RuntimeError (anything else), with the library's message.
+ * sdpa/__init__.py hands over through set_numpy (see "the fast path" below); merge takes its
+ * parts as two sequences of (buffer, dtype) pairs. The GIL is released while the library
+ * computes; a library error becomes ValueError (arguments), TypeError (dtypes), MemoryError
+ * (memory) or RuntimeError (anything else), with the library's message.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -301,6 +302,79 @@ static PyObject *py_backward(PyObject *self, PyObject *args) {
     return call(OP_BACKWARD, args);
 }
 
+/* merge(ctx, [(out_p, dt), ...], [(lse_p, dt), ...], (out, dt), (lse, dt) | None): sdpa_merge
+ * on rank-4 buffers, the parts given as two sequences of the same length (>= 1). */
+static PyObject *py_merge(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ctx_obj, *outs_obj, *lses_obj, *out_obj, *lse_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO", &ctx_obj, &outs_obj, &lses_obj, &out_obj, &lse_obj))
+        return NULL;
+    ContextObject *c = context_of(ctx_obj);
+    if (c == NULL)
+        return NULL;
+    PyObject *outs = PySequence_Fast(outs_obj, "outs: a sequence of (buffer, dtype) pairs");
+    if (outs == NULL)
+        return NULL;
+    PyObject *lses = PySequence_Fast(lses_obj, "lses: a sequence of (buffer, dtype) pairs");
+    if (lses == NULL) {
+        Py_DECREF(outs);
+        return NULL;
+    }
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(outs);
+    PyObject *result = NULL;
+    /* a[0, n): the parts' outputs, a[n, 2n): their LSEs, then out and lse */
+    arg *a = PyMem_Calloc((size_t)(2 * n + 2), sizeof *a);
+    sdpa_tensor *t = PyMem_Calloc((size_t)(2 * n + 1), sizeof *t);
+    if (a == NULL || t == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (n < 1 || PySequence_Fast_GET_SIZE(lses) != n) {
+        PyErr_Format(PyExc_ValueError,
+                     "merge: %zd outputs and %zd LSEs; give one of each per "
+                     "part, at least one part",
+                     n, PySequence_Fast_GET_SIZE(lses));
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < 2 * n; k++) {
+        char name[48];
+        snprintf(name, sizeof name, "%s[%zd]", k < n ? "outs" : "lses", k < n ? k : k - n);
+        PyObject *pair =
+            k < n ? PySequence_Fast_GET_ITEM(outs, k) : PySequence_Fast_GET_ITEM(lses, k - n);
+        if (take_opt(&a[k], pair, 0, name) != 0)
+            goto done;
+        if (!a[k].held) {
+            PyErr_Format(PyExc_TypeError, "%s: a tensor expected, not None", name);
+            goto done;
+        }
+        t[k] = a[k].t;
+    }
+    if (take_opt(&a[2 * n], out_obj, 1, "out") != 0 ||
+        take_opt(&a[2 * n + 1], lse_obj, 1, "lse") != 0)
+        goto done;
+    sdpa_tensor *out = a[2 * n].held ? &a[2 * n].t : NULL;
+    sdpa_tensor *lse = a[2 * n + 1].held ? &a[2 * n + 1].t : NULL;
+    sdpa_status st;
+    Py_BEGIN_ALLOW_THREADS;
+    st = sdpa_merge(c->ctx, (int64_t)n, t, t + n, out, lse);
+    Py_END_ALLOW_THREADS;
+    if (st != SDPA_OK) {
+        fail(st, c->ctx);
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    if (a != NULL)
+        for (Py_ssize_t k = 0; k < 2 * n + 2; k++)
+            drop(&a[k]);
+    PyMem_Free(a);
+    PyMem_Free(t);
+    Py_DECREF(outs);
+    Py_DECREF(lses);
+    return result;
+}
+
 /* ---- the fast path of scaled_dot_product_attention ----
  *
  * sdpa/__init__.py hands every call to fast_forward first. It takes the common case without
@@ -582,6 +656,8 @@ static PyMethodDef methods[] = {
      "weights(ctx, (q, dt), (k, dt), None, (w, dt), None x5, mask|None, params): sdpa_weights"},
     {"backward", py_backward, METH_VARARGS,
      "backward(ctx, q, k, v, out, lse, dout, dq, dk, dv, mask|None, params): sdpa_backward"},
+    {"merge", py_merge, METH_VARARGS,
+     "merge(ctx, [(out_p, dt), ...], [(lse_p, dt), ...], (out, dt), lse|None): sdpa_merge"},
     {"fast_forward", (PyCFunction)(void (*)(void))py_fast_forward, METH_FASTCALL,
      "fast_forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, "
      "window, alignment, softcap, alibi_slopes, return_lse, dropout_seed, dropout_offset): "

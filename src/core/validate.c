@@ -262,6 +262,17 @@ static void resolve_params(const sdpa_params *pr, sdpa__problem *p) {
     p->dropout_offset = pr->dropout_offset;
 }
 
+/* The span `out` of output `name` must not meet any of the spans in[n_in]. */
+static sdpa_status check_apart(sdpa_ctx *ctx, const char *name, const span *out, const span *in,
+                               const char *const *in_names, int n_in) {
+    for (int n = 0; n < n_in; n++)
+        if (overlaps(*out, in[n]))
+            return sdpa__fail(ctx, SDPA_ERR_ALIAS, "%s (bytes %p..%p) overlaps %s (bytes %p..%p)",
+                              name, (void *)out->lo, (void *)out->hi, in_names[n], (void *)in[n].lo,
+                              (void *)in[n].hi);
+    return SDPA_OK;
+}
+
 /* An output must not overlap itself, any input, or an earlier output. */
 static sdpa_status check_output(sdpa_ctx *ctx, const char *name, const sdpa_tensor *t,
                                 const span *in, const char *const *in_names, int n_in, span *out) {
@@ -269,12 +280,7 @@ static sdpa_status check_output(sdpa_ctx *ctx, const char *name, const sdpa_tens
     if ((st = check_span(ctx, name, t, out)) != SDPA_OK ||
         (st = check_no_self_overlap(ctx, name, t)) != SDPA_OK)
         return st;
-    for (int n = 0; n < n_in; n++)
-        if (overlaps(*out, in[n]))
-            return sdpa__fail(ctx, SDPA_ERR_ALIAS, "%s (bytes %p..%p) overlaps %s (bytes %p..%p)",
-                              name, (void *)out->lo, (void *)out->hi, in_names[n], (void *)in[n].lo,
-                              (void *)in[n].hi);
-    return SDPA_OK;
+    return check_apart(ctx, name, out, in, in_names, n_in);
 }
 
 /* Each extent of role n against its shape expression; Hq % Hkv right after k's. */
@@ -456,4 +462,116 @@ sdpa_status sdpa__check_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_
                                 sdpa__problem *p) {
     const sdpa_tensor *const t[3] = {q, k, weights};
     return sdpa__validate(ctx, &sdpa__sig_weights, t, params, p);
+}
+
+/* ---- sdpa_merge ----------------------------------------------------------------------------
+ * Its tensors come in arrays of the caller's length, so they are not a table of roles: they
+ * are visited as the sequence outs[0..n), lses[0..n), out, lse, in the order sdpa__validate
+ * follows (presence, dtype, extents, shapes, spans and alignment, aliasing). out sets the
+ * shape (B, H, L, D) the others are compared with. */
+
+typedef struct merge_arg {
+    const sdpa_tensor *t; /* NULL only for an absent lse */
+    char name[40];
+    int is_lse;
+} merge_arg;
+
+/* Argument k of the sequence above. */
+static merge_arg merge_arg_at(int64_t n, const sdpa_tensor *outs, const sdpa_tensor *lses,
+                              const sdpa_tensor *out, const sdpa_tensor *lse, int64_t k) {
+    merge_arg a;
+    if (k < n) {
+        a.t = &outs[k];
+        a.is_lse = 0;
+        snprintf(a.name, sizeof a.name, "outs[%lld]", (long long)k);
+    } else if (k < 2 * n) {
+        a.t = &lses[k - n];
+        a.is_lse = 1;
+        snprintf(a.name, sizeof a.name, "lses[%lld]", (long long)(k - n));
+    } else {
+        a.t = k == 2 * n ? out : lse;
+        a.is_lse = k != 2 * n;
+        snprintf(a.name, sizeof a.name, "%s", a.is_lse ? "lse" : "out");
+    }
+    return a;
+}
+
+/* a's extents against out's: B, H, L equal, the last equal to D (or 1 for an LSE). */
+static sdpa_status check_merge_shape(sdpa_ctx *ctx, const merge_arg *a, const sdpa_tensor *out) {
+    sdpa_status st;
+    for (int i = 0; i < 3; i++)
+        if ((st = check_eq(ctx, a->name, a->t, i, "out", i, out->shape[i])) != SDPA_OK)
+            return st;
+    if (a->is_lse && a->t->shape[3] != 1)
+        return sdpa__fail(ctx, SDPA_ERR_SHAPE, "%s.shape[3]=%lld must be 1", a->name,
+                          (long long)a->t->shape[3]);
+    return a->is_lse ? SDPA_OK : check_eq(ctx, a->name, a->t, 3, "out", 3, out->shape[3]);
+}
+
+sdpa_status sdpa__check_merge(sdpa_ctx *ctx, int64_t n_parts, const sdpa_tensor *outs,
+                              const sdpa_tensor *lses, const sdpa_tensor *out,
+                              const sdpa_tensor *lse) {
+    if (n_parts < 1)
+        return sdpa__fail(ctx, SDPA_ERR_PARAM, "n_parts=%lld must be >= 1", (long long)n_parts);
+    if ((uint64_t)n_parts > SIZE_MAX / sizeof(sdpa_tensor))
+        return sdpa__fail(ctx, SDPA_ERR_OVERFLOW,
+                          "n_parts=%lld: an array of that many tensors overflows size_t",
+                          (long long)n_parts);
+    if (outs == NULL)
+        return sdpa__fail(ctx, SDPA_ERR_NULL, "outs is NULL");
+    if (lses == NULL)
+        return sdpa__fail(ctx, SDPA_ERR_NULL, "lses is NULL");
+    /* the inputs are arguments [0, 2n), out is 2n and lse 2n + 1 */
+    const int64_t n_in = 2 * n_parts, n_args = n_in + 2;
+    sdpa_status st;
+    for (int64_t k = 0; k < n_args; k++) {
+        const merge_arg a = merge_arg_at(n_parts, outs, lses, out, lse, k);
+        if ((a.t != NULL || k != n_in + 1) && (st = check_present(ctx, a.name, a.t)) != SDPA_OK)
+            return st;
+    }
+    for (int64_t k = 0; k < n_args; k++) {
+        const merge_arg a = merge_arg_at(n_parts, outs, lses, out, lse, k);
+        sdpa__role r;
+        memset(&r, 0, sizeof r);
+        r.name = a.name;
+        r.dtypes = a.is_lse ? SDPA__DT(SDPA_F32) : SDPA__DT_FLOAT;
+        if (a.t != NULL && (st = check_dtype(ctx, &r, a.t)) != SDPA_OK)
+            return st;
+    }
+    for (int64_t k = 0; k < n_args; k++) {
+        const merge_arg a = merge_arg_at(n_parts, outs, lses, out, lse, k);
+        if (a.t != NULL && (st = check_dims(ctx, a.name, a.t, !a.is_lse)) != SDPA_OK)
+            return st;
+    }
+    for (int64_t k = 0; k < n_args; k++) {
+        const merge_arg a = merge_arg_at(n_parts, outs, lses, out, lse, k);
+        if (a.t != NULL && k != n_in && (st = check_merge_shape(ctx, &a, out)) != SDPA_OK)
+            return st;
+    }
+    span in;
+    for (int64_t k = 0; k < n_in; k++) {
+        const merge_arg a = merge_arg_at(n_parts, outs, lses, out, lse, k);
+        if ((st = check_span(ctx, a.name, a.t, &in)) != SDPA_OK)
+            return st;
+    }
+    /* each output apart from itself, every input (their spans were checked above, so taking
+     * them again cannot fail) and, for lse, out */
+    span o[2];
+    for (int64_t k = n_in; k < n_args; k++) {
+        const merge_arg a = merge_arg_at(n_parts, outs, lses, out, lse, k);
+        if (a.t == NULL)
+            continue;
+        if ((st = check_output(ctx, a.name, a.t, NULL, NULL, 0, &o[k - n_in])) != SDPA_OK)
+            return st;
+        for (int64_t j = 0; j < k; j++) {
+            const merge_arg b = merge_arg_at(n_parts, outs, lses, out, lse, j);
+            const char *const b_name = b.name;
+            if (j < n_in && (st = check_span(ctx, b.name, b.t, &in)) != SDPA_OK)
+                return st;
+            if ((st = check_apart(ctx, a.name, &o[k - n_in], j < n_in ? &in : &o[0], &b_name, 1)) !=
+                SDPA_OK)
+                return st;
+        }
+    }
+    return SDPA_OK;
 }

@@ -61,6 +61,7 @@ extern const sdpa__signature sdpa__sig_backward;
 sdpa_status sdpa__validate(sdpa_ctx *ctx, const sdpa__signature *sig, const sdpa_tensor *const *t,
                            const sdpa_params *params, sdpa__problem *p);
 
+
 /* The forward's and the weights' argument lists, through sdpa__validate. */
 sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_tensor *v, const sdpa_params *params,
@@ -74,5 +75,13 @@ sdpa_status sdpa__check_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa
                                  const sdpa_tensor *lse, const sdpa_tensor *dout,
                                  const sdpa_params *params, const sdpa_tensor *dq,
                                  const sdpa_tensor *dk, const sdpa_tensor *dv, sdpa__problem *p);
+
+/* sdpa_merge's arguments: n_parts >= 1; outs[p] (B, H, L, D) F32/F16/BF16 and lses[p]
+ * (B, H, L, 1) F32 for every part, shaped like out (B, H, L, D) F32/F16/BF16; lse NULL or
+ * (B, H, L, 1) F32; the spans, alignment and aliasing rules of the other entry points. Each
+ * failure names the argument ("outs[2].shape[1]=4 but out.shape[1]=8"). */
+sdpa_status sdpa__check_merge(sdpa_ctx *ctx, int64_t n_parts, const sdpa_tensor *outs,
+                              const sdpa_tensor *lses, const sdpa_tensor *out,
+                              const sdpa_tensor *lse);
 
 #endif /* SDPA_VALIDATE_H */

@@ -7,7 +7,8 @@
 # test_properties (which compares results across thread counts), test_threads and
 # test_flash_backward (its determinism cases only: the tiled backward's chunk tasks, dQ sums
 # and two-pass fallback over 1 to 16 threads; the rest of it is single-threaded work against
-# the reference), and runs them with halt_on_error=1, so that a data race fails the test
+# the reference) and test_merge (its determinism case: sdpa_merge's row tasks over 1 to 7
+# threads), and runs them with halt_on_error=1, so that a data race fails the test
 # instead of only printing a report. The compiler is $CC or cc; gcc >= 7 and clang both support -fsanitize=thread. Exits
 # non-zero on any failure.
 set -euo pipefail
@@ -19,9 +20,9 @@ fi
 build=$1
 src=${2:-"$(dirname "$0")/../.."}
 src=$(cd "$src" && pwd)
-tests=(test_pool test_properties test_threads test_flash_backward)
+tests=(test_pool test_properties test_threads test_flash_backward test_merge)
 # the cases a test runs here (check.h: a substring of the case names), when not all of them
-declare -A cases=([test_flash_backward]=test_deterministic)
+declare -A cases=([test_flash_backward]=test_deterministic [test_merge]=test_deterministic)
 
 fail() {
     echo "tsan: FAIL: $*" >&2
