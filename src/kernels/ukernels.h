@@ -43,6 +43,15 @@ typedef struct sdpa__ukernels {
      * vector of FMAs per key and feature on 4 useful lanes, this runs along the features. */
     void (*qk_few)(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
                    const float *const *q_rows, float scale, float *s, int64_t lds);
+    /* Optional (NULL: not offered), the decode step's entries for a half-precision cache:
+     * qk_few and pv (for nr <= SDPA__FEW_ROWS) with the keys' or values' rows stored as elem
+     * (SDPA__ELEM_F16 or SDPA__ELEM_BF16; unit feature stride, row stride ldk / ldv in
+     * elements) and widened as they are loaded, bitwise what qk_few and pv give on those rows
+     * widened first by load_row: no pass through a packed f32 tile. */
+    void (*qk_few_half)(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
+                        const float *const *q_rows, float scale, float *s, int64_t lds);
+    void (*pv_few_half)(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                        const float *alpha, const void *v, int64_t ldv, float *o, int64_t ldo);
     /* The online-softmax step for nk keys, for every row r < nr:
      *   m' = max(m[r], max_j s[j][r]);  u = (m' == -inf ? 0 : m')
      *   alpha[r] = exp(m[r] - u);  s[j][r] = (s == -inf ? -0.0f : exp(s - u))

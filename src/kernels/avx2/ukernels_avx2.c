@@ -1,7 +1,8 @@
 /*
  * ukernels_avx2.c — the flash micro-kernels for AVX2 with FMA; compiled with those flags for
  * this file only, and called only after the dispatcher has checked CPUID and XGETBV. See
- * ukernels.h for what each computes.
+ * ukernels.h for what each computes. Compiled with -mf16c too: the decode entries read an f16
+ * cache with vcvtph2ps.
  *
  * Register blocking: `mr` broadcast scalars times `nv` vectors of 8 floats, at most 12
  * accumulators of the 16 ymm registers, and nothing else held through the inner loop (a
@@ -26,6 +27,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -183,6 +185,37 @@ static void qk_avx2(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t 
         qk_rows(1, nk, dk, k, ldk, qt + r, ldq, scale, s + r, lds);
 }
 
+/* Eight halves of type elem (f16 or bf16) widened to f32 exactly. */
+INLINE __m256 widen8(int elem, __m128i h) {
+    if (elem == SDPA__ELEM_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* 8 consecutive elements of type elem (a compile-time constant where this is inlined) at
+ * element index i of base, widened to f32: the qk_few and P V loops read a half-precision
+ * cache in place with it. */
+INLINE __m256 load8(int elem, const void *base, int64_t i) {
+    if (elem == SDPA__ELEM_F32)
+        return _mm256_loadu_ps((const float *)base + i);
+    return widen8(elem, _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)));
+}
+
+/* The lanes of dm of load8 (the others 0), reading nothing beyond them. */
+INLINE __m256 load8_tail(int elem, const void *base, int64_t i, __m256i dm) {
+    if (elem == SDPA__ELEM_F32)
+        return _mm256_maskload_ps((const float *)base + i, dm);
+    const int n = __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(dm)));
+    uint16_t t[8] = {0};
+    memcpy(t, (const uint16_t *)base + i, (size_t)n * sizeof *t);
+    return widen8(elem, _mm_loadu_si128((const __m128i *)t));
+}
+
+/* The address of element i of base, of type elem. */
+INLINE const char *elem_at(int elem, const void *base, int64_t i) {
+    return (const char *)base + i * (elem == SDPA__ELEM_F32 ? 4 : 2);
+}
+
 /* Sums of four vectors: [sum a0, sum a1, sum a2, sum a3]. */
 INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     /* pairs, then quads, within each 128-bit half ... */
@@ -196,8 +229,9 @@ INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 }
 
 /* qk_few for nr rows and a block of nb keys: 8 features at a time along each key row, then
- * each key's vector of lanes [0, nr) from the row sums (nr * nb <= 12 accumulators). */
-INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk,
+ * each key's vector of lanes [0, nr) from the row sums (nr * nb <= 12 accumulators). The
+ * keys' elements are of type elem (the cache's: widened in registers). */
+INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, int64_t ldk,
                          const float *const *q, float scale, float *s, int64_t lds) {
     __m256 acc[4][8];
     for (int r = 0; r < 4; r++)
@@ -208,9 +242,9 @@ INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk
         __m256 kv[8];
         if (d % 16 == 0) /* once per 64-byte line */
             for (int b = 0; b < nb; b++)
-                _mm_prefetch((const char *)(k + (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T0);
+                _mm_prefetch(elem_at(elem, k, (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T0);
         for (int b = 0; b < nb; b++)
-            kv[b] = _mm256_loadu_ps(k + b * ldk + d);
+            kv[b] = load8(elem, k, b * ldk + d);
         for (int r = 0; r < nr; r++) {
             const __m256 qv = _mm256_loadu_ps(q[r] + d);
             for (int b = 0; b < nb; b++)
@@ -222,7 +256,7 @@ INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk
                                               _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         __m256 kv[8];
         for (int b = 0; b < nb; b++)
-            kv[b] = _mm256_maskload_ps(k + b * ldk + d, dm);
+            kv[b] = load8_tail(elem, k, b * ldk + d, dm);
         for (int r = 0; r < nr; r++) {
             const __m256 qv = _mm256_maskload_ps(q[r] + d, dm);
             for (int b = 0; b < nb; b++)
@@ -239,31 +273,45 @@ INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk
 }
 
 /* All keys for nr rows, nb keys at a time, then the rest one key at a time. */
-INLINE void qk_few_rows(int nr, int nb, int64_t nk, int64_t dk, const float *k, int64_t ldk,
-                        const float *const *q, float scale, float *s, int64_t lds) {
+INLINE void qk_few_rows(int elem, int nr, int nb, int64_t nk, int64_t dk, const void *k,
+                        int64_t ldk, const float *const *q, float scale, float *s, int64_t lds) {
     int64_t j = 0;
     for (; j + nb <= nk; j += nb)
-        qk_few_block(nr, nb, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, nb, dk, elem_at(elem, k, j * ldk), ldk, q, scale, s + j * lds, lds);
     for (; j < nk; j++)
-        qk_few_block(nr, 1, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 1, dk, elem_at(elem, k, j * ldk), ldk, q, scale, s + j * lds, lds);
+}
+
+INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
+                        const float *const *q_rows, float scale, float *s, int64_t lds) {
+    switch (nr) {
+    case 1:
+        qk_few_rows(elem, 1, 8, nk, dk, k, ldk, q_rows, scale, s, lds);
+        break;
+    case 2:
+        qk_few_rows(elem, 2, 6, nk, dk, k, ldk, q_rows, scale, s, lds);
+        break;
+    case 3:
+        qk_few_rows(elem, 3, 4, nk, dk, k, ldk, q_rows, scale, s, lds);
+        break;
+    default:
+        qk_few_rows(elem, 4, 3, nk, dk, k, ldk, q_rows, scale, s, lds);
+        break;
+    }
 }
 
 static void qk_few_avx2(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
                         const float *const *q_rows, float scale, float *s, int64_t lds) {
-    switch (nr) {
-    case 1:
-        qk_few_rows(1, 8, nk, dk, k, ldk, q_rows, scale, s, lds);
-        break;
-    case 2:
-        qk_few_rows(2, 6, nk, dk, k, ldk, q_rows, scale, s, lds);
-        break;
-    case 3:
-        qk_few_rows(3, 4, nk, dk, k, ldk, q_rows, scale, s, lds);
-        break;
-    default:
-        qk_few_rows(4, 3, nk, dk, k, ldk, q_rows, scale, s, lds);
-        break;
-    }
+    qk_few_elem(SDPA__ELEM_F32, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+}
+
+static void qk_few_half_avx2(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k,
+                             int64_t ldk, const float *const *q_rows, float scale, float *s,
+                             int64_t lds) {
+    if (elem == SDPA__ELEM_F16)
+        qk_few_elem(SDPA__ELEM_F16, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+    else
+        qk_few_elem(SDPA__ELEM_BF16, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
 }
 
 /* The second pass of the softmax over n keys of one vector of rows: weights, hidden marks
@@ -361,9 +409,9 @@ INLINE void store_cols(int masked, __m256i last, float *x, __m256 y) {
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
  * of columns; with `masked`, the last vector is limited to the lanes of `last`. */
-INLINE void pv_block(int mr, int nv, int masked, int pf, int careful, __m256i last, int64_t nk,
-                     const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
-                     float *o, int64_t ldo) {
+INLINE void pv_block(int elem, int mr, int nv, int masked, int pf, int careful, __m256i last,
+                     int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
+                     int64_t ldv, float *o, int64_t ldo) {
     __m256 acc[6][2];
     for (int a = 0; a < mr; a++) {
         const __m256 al = _mm256_broadcast_ss(alpha + a);
@@ -374,9 +422,10 @@ INLINE void pv_block(int mr, int nv, int masked, int pf, int careful, __m256i la
     for (int64_t j = 0; j < nk; j++) {
         __m256 vv[2];
         if (pf) /* the same columns of the next slice's row j (see pv_avx2) */
-            _mm_prefetch((const char *)(v + (j + nk) * ldv), _MM_HINT_T0);
+            _mm_prefetch(elem_at(elem, v, (j + nk) * ldv), _MM_HINT_T0);
         for (int c = 0; c < nv; c++)
-            vv[c] = load_cols(masked && c == nv - 1, last, v + j * ldv + 8 * c);
+            vv[c] = masked && c == nv - 1 ? load8_tail(elem, v, j * ldv + 8 * c, last)
+                                          : load8(elem, v, j * ldv + 8 * c);
         for (int a = 0; a < mr; a++) {
             const __m256 pb = _mm256_broadcast_ss(p + j * ldp + a);
             /* careful: a zero weight multiplies 0 instead of v, which adds +-0 as it would
@@ -394,39 +443,41 @@ INLINE void pv_block(int mr, int nv, int masked, int pf, int careful, __m256i la
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int64_t n, int nv, int masked, int pf, int careful, __m256i last, int64_t nk,
-                    const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
-                    float *o, int64_t ldo) {
+INLINE void pv_tail(int elem, int64_t n, int nv, int masked, int pf, int careful, __m256i last,
+                    int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
+                    int64_t ldv, float *o, int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(1, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(elem, 1, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 2:
-        pv_block(2, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(elem, 2, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 3:
-        pv_block(3, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(elem, 3, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 4:
-        pv_block(4, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(elem, 4, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 5:
-        pv_block(5, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        if (elem == SDPA__ELEM_F32) /* pv_few_half takes at most SDPA__FEW_ROWS rows */
+            pv_block(elem, 5, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     default:
         break;
     }
 }
 
-INLINE void pv_cols(int nv, int masked, int pf, int careful, __m256i last, int64_t nk, int64_t nr,
-                    const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
-                    float *o, int64_t ldo) {
+INLINE void pv_cols(int elem, int nv, int masked, int pf, int careful, __m256i last, int64_t nk,
+                    int64_t nr, const float *p, int64_t ldp, const float *alpha, const void *v,
+                    int64_t ldv, float *o, int64_t ldo) {
     int64_t r = 0;
-    for (; r + 6 <= nr; r += 6)
-        pv_block(6, nv, masked, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo,
-                 ldo);
-    pv_tail(nr - r, nv, masked, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo,
-            ldo);
+    if (elem == SDPA__ELEM_F32)
+        for (; r + 6 <= nr; r += 6)
+            pv_block(elem, 6, nv, masked, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv,
+                     o + r * ldo, ldo);
+    pv_tail(elem, nr - r, nv, masked, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv,
+            o + r * ldo, ldo);
 }
 
 /* P V over the columns in blocks of 16, each block a pass over the keys. With `pf` (a decode
@@ -434,18 +485,20 @@ INLINE void pv_cols(int nv, int masked, int pf, int careful, __m256i last, int64
  * follow these in V when V is read in place, so the next slice's V is asked for spread over
  * this one's work rather than in a burst that would stall the loads behind it (a prefetch
  * past the end of V never faults). */
-INLINE void pv_all(int pf, int careful, int64_t nk, int64_t nr, int64_t dv, const float *p,
-                   int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
-                   int64_t ldo) {
+INLINE void pv_all(int elem, int pf, int careful, int64_t nk, int64_t nr, int64_t dv,
+                   const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
+                   float *o, int64_t ldo) {
     const __m256i none = _mm256_setzero_si256();
     int64_t c = 0;
     for (; c + 16 <= dv; c += 16)
-        pv_cols(2, 0, pf, careful, none, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 2, 0, pf, careful, none, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
+                o + c, ldo);
     const int64_t rest = dv - c;
+    const void *vc = elem_at(elem, v, c);
     if (rest == 0)
         return;
     if (rest == 8) {
-        pv_cols(1, 0, pf, careful, none, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 1, 0, pf, careful, none, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         return;
     }
     /* lanes below rest % 8 (or all 8) of the last vector */
@@ -453,24 +506,34 @@ INLINE void pv_all(int pf, int careful, int64_t nk, int64_t nr, int64_t dv, cons
     const __m256i last =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(keep), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     if (rest > 8)
-        pv_cols(2, 1, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 2, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
     else
-        pv_cols(1, 1, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 1, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
 }
 
 static void pv_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     if (nr <= SDPA__FEW_ROWS)
-        pv_all(1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(SDPA__ELEM_F32, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
     else
-        pv_all(0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 /* The same blocks and order as pv_avx2 (prefetching changes no result). */
 static void pv_careful_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                             const float *alpha, const float *v, int64_t ldv, float *o,
                             int64_t ldo) {
-    pv_all(0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(SDPA__ELEM_F32, 0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+}
+
+/* pv_avx2 for a decode step's few rows with V's rows in f16 or bf16, widened as loaded. */
+static void pv_few_half_avx2(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p,
+                             int64_t ldp, const float *alpha, const void *v, int64_t ldv, float *o,
+                             int64_t ldo) {
+    if (elem == SDPA__ELEM_F16)
+        pv_all(SDPA__ELEM_F16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    else
+        pv_all(SDPA__ELEM_BF16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx2 = {
@@ -479,6 +542,8 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .pack_q = pack_q_avx2,
     .qk = qk_avx2,
     .qk_few = qk_few_avx2,
+    .qk_few_half = qk_few_half_avx2,
+    .pv_few_half = pv_few_half_avx2,
     .softmax = softmax_avx2,
     .exp_lse = exp_lse_avx2,
     .pv = pv_avx2,

@@ -41,6 +41,23 @@ INLINE __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+/* 16 consecutive elements of type elem (a compile-time constant where this is inlined) at
+ * element index i of base, lanes of m, widened to f32 exactly: the qk_few and P V loops
+ * read a half-precision cache in place with it. */
+INLINE __m512 load_elems(int elem, const void *base, int64_t i, __mmask16 m) {
+    if (elem == SDPA__ELEM_F32)
+        return _mm512_maskz_loadu_ps(m, (const float *)base + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)base + i);
+    if (elem == SDPA__ELEM_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The address of element i of base, of type elem. */
+INLINE const char *elem_at(int elem, const void *base, int64_t i) {
+    return (const char *)base + i * (elem == SDPA__ELEM_F32 ? 4 : 2);
+}
+
 /* pack_q: 16 rows x 16 features at a time, transposed in registers. After unpacking pairs of
  * floats and of doubles, 128-bit lane k of u[4g + m] holds feature 4k + m of rows 4g..4g+3;
  * two rounds of lane shuffles gather those four pieces into feature 4k + m of rows 0..15. */
@@ -193,8 +210,9 @@ INLINE __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm512_castps512_ps128(u);
 }
 
-/* qk_few for nr rows and a block of nb <= 4 keys: 16 features at a time along each key row. */
-INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk,
+/* qk_few for nr rows and a block of nb <= 4 keys: 16 features at a time along each key row,
+ * the keys' elements of type elem (the cache's: widened in registers). */
+INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, int64_t ldk,
                          const float *const *q, float scale, float *s, int64_t lds) {
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
@@ -204,9 +222,9 @@ INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk
         const __mmask16 dm = (__mmask16)(dk - d >= 16 ? 0xffff : (1u << (dk - d)) - 1u);
         __m512 kv[4];
         for (int b = 0; b < nb; b++)
-            _mm_prefetch((const char *)(k + (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T0);
+            _mm_prefetch(elem_at(elem, k, (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T0);
         for (int b = 0; b < nb; b++)
-            kv[b] = _mm512_maskz_loadu_ps(dm, k + b * ldk + d);
+            kv[b] = load_elems(elem, k, b * ldk + d, dm);
         for (int r = 0; r < nr; r++) {
             const __m512 qv = _mm512_maskz_loadu_ps(dm, q[r] + d);
             for (int b = 0; b < nb; b++)
@@ -227,42 +245,57 @@ INLINE void qk_few_block(int nr, int nb, int64_t dk, const float *k, int64_t ldk
         _mm512_storeu_ps(s + b * lds, _mm512_zextps128_ps512(key[b]));
 }
 
-INLINE void qk_few_rows(int nr, int64_t nk, int64_t dk, const float *k, int64_t ldk,
+INLINE void qk_few_rows(int elem, int nr, int64_t nk, int64_t dk, const void *k, int64_t ldk,
                         const float *const *q, float scale, float *s, int64_t lds) {
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4)
-        qk_few_block(nr, 4, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 4, dk, elem_at(elem, k, j * ldk), ldk, q, scale, s + j * lds, lds);
+    const void *kj = elem_at(elem, k, j * ldk);
     switch (nk - j) {
     case 3:
-        qk_few_block(nr, 3, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 3, dk, kj, ldk, q, scale, s + j * lds, lds);
         break;
     case 2:
-        qk_few_block(nr, 2, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 2, dk, kj, ldk, q, scale, s + j * lds, lds);
         break;
     case 1:
-        qk_few_block(nr, 1, dk, k + j * ldk, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 1, dk, kj, ldk, q, scale, s + j * lds, lds);
         break;
     default:
         break;
     }
 }
 
-static void qk_few_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
-                          const float *const *q_rows, float scale, float *s, int64_t lds) {
+INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
+                        const float *const *q_rows, float scale, float *s, int64_t lds) {
     switch (nr) {
     case 1:
-        qk_few_rows(1, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 1, nk, dk, k, ldk, q_rows, scale, s, lds);
         break;
     case 2:
-        qk_few_rows(2, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 2, nk, dk, k, ldk, q_rows, scale, s, lds);
         break;
     case 3:
-        qk_few_rows(3, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 3, nk, dk, k, ldk, q_rows, scale, s, lds);
         break;
     default:
-        qk_few_rows(4, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 4, nk, dk, k, ldk, q_rows, scale, s, lds);
         break;
     }
+}
+
+static void qk_few_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                          const float *const *q_rows, float scale, float *s, int64_t lds) {
+    qk_few_elem(SDPA__ELEM_F32, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+}
+
+static void qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k,
+                               int64_t ldk, const float *const *q_rows, float scale, float *s,
+                               int64_t lds) {
+    if (elem == SDPA__ELEM_F16)
+        qk_few_elem(SDPA__ELEM_F16, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+    else
+        qk_few_elem(SDPA__ELEM_BF16, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
 }
 
 static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
@@ -323,8 +356,8 @@ static int exp_lse_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, const f
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
  * of columns starting at o and v; the last vector is limited by `last` (a lane mask). */
-INLINE void pv_block(int mr, int nv, int pf, int careful, __mmask16 last, int64_t nk,
-                     const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
+INLINE void pv_block(int elem, int mr, int nv, int pf, int careful, __mmask16 last, int64_t nk,
+                     const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                      float *o, int64_t ldo) {
     __m512 acc[12][4];
     for (int a = 0; a < mr; a++) {
@@ -337,9 +370,9 @@ INLINE void pv_block(int mr, int nv, int pf, int careful, __mmask16 last, int64_
         __m512 vv[4];
         if (pf) /* the same columns of the next slice's row j (see pv_avx512) */
             for (int c = 0; c < nv; c++)
-                _mm_prefetch((const char *)(v + (j + nk) * ldv + 16 * c), _MM_HINT_T0);
+                _mm_prefetch(elem_at(elem, v, (j + nk) * ldv + 16 * c), _MM_HINT_T0);
         for (int c = 0; c < nv; c++)
-            vv[c] = _mm512_maskz_loadu_ps(c == nv - 1 ? last : 0xffff, v + j * ldv + 16 * c);
+            vv[c] = load_elems(elem, v, j * ldv + 16 * c, c == nv - 1 ? last : 0xffff);
         for (int a = 0; a < mr; a++) {
             const __m512 pb = _mm512_set1_ps(p[j * ldp + a]);
             if (careful) {
@@ -360,24 +393,25 @@ INLINE void pv_block(int mr, int nv, int pf, int careful, __mmask16 last, int64_
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int64_t n, int nv, int pf, int careful, __mmask16 last, int64_t nk,
-                    const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
+INLINE void pv_tail(int elem, int64_t n, int nv, int pf, int careful, __mmask16 last, int64_t nk,
+                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                     float *o, int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(1, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(elem, 1, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 2:
-        pv_block(2, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(elem, 2, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 3:
-        pv_block(3, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(elem, 3, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 4:
-        pv_block(4, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(elem, 4, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 5:
-        pv_block(5, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        if (elem == SDPA__ELEM_F32) /* pv_few_half takes at most SDPA__FEW_ROWS rows */
+            pv_block(elem, 5, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     default:
         break;
@@ -385,41 +419,46 @@ INLINE void pv_tail(int64_t n, int nv, int pf, int careful, __mmask16 last, int6
 }
 
 /* All rows for nv vectors of columns: 6 rows at a time, then the row tail in one block. */
-INLINE void pv_cols(int nv, int pf, int careful, __mmask16 last, int64_t nk, int64_t nr,
-                    const float *p, int64_t ldp, const float *alpha, const float *v, int64_t ldv,
+INLINE void pv_cols(int elem, int nv, int pf, int careful, __mmask16 last, int64_t nk, int64_t nr,
+                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                     float *o, int64_t ldo) {
     int64_t r = 0;
-    for (; r + 6 <= nr; r += 6)
-        pv_block(6, nv, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
-    pv_tail(nr - r, nv, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo, ldo);
+    if (elem == SDPA__ELEM_F32)
+        for (; r + 6 <= nr; r += 6)
+            pv_block(elem, 6, nv, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo,
+                     ldo);
+    pv_tail(elem, nr - r, nv, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo,
+            ldo);
 }
 
 /* P V over the columns in blocks of up to 64, each block a pass over the keys. With `pf` (a
  * decode step's few rows), each pass also requests its columns of the next slice's rows,
  * which follow these in V when V is read in place: the next slice's V is asked for spread
  * over this one's work (as in the AVX2 table; a prefetch past the end of V never faults). */
-INLINE void pv_all(int pf, int careful, int64_t nk, int64_t nr, int64_t dv, const float *p,
-                   int64_t ldp, const float *alpha, const float *v, int64_t ldv, float *o,
-                   int64_t ldo) {
+INLINE void pv_all(int elem, int pf, int careful, int64_t nk, int64_t nr, int64_t dv,
+                   const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
+                   float *o, int64_t ldo) {
     int64_t c = 0;
     for (; c + 64 <= dv; c += 64)
-        pv_cols(4, pf, careful, 0xffff, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 4, pf, careful, 0xffff, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
+                o + c, ldo);
     const int64_t rest = dv - c;
     if (rest == 0)
         return;
     const __mmask16 last = (__mmask16)(rest % 16 == 0 ? 0xffff : (1u << (rest % 16)) - 1u);
+    const void *vc = elem_at(elem, v, c);
     switch ((rest + 15) / 16) {
     case 4:
-        pv_cols(4, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 4, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         break;
     case 3:
-        pv_cols(3, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 3, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         break;
     case 2:
-        pv_cols(2, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 2, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         break;
     default:
-        pv_cols(1, pf, careful, last, nk, nr, p, ldp, alpha, v + c, ldv, o + c, ldo);
+        pv_cols(elem, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         break;
     }
 }
@@ -427,16 +466,26 @@ INLINE void pv_all(int pf, int careful, int64_t nk, int64_t nr, int64_t dv, cons
 static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     if (nr <= SDPA__FEW_ROWS)
-        pv_all(1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(SDPA__ELEM_F32, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
     else
-        pv_all(0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 /* The same blocks and order as pv_avx512 (prefetching changes no result). */
 static void pv_careful_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                               const float *alpha, const float *v, int64_t ldv, float *o,
                               int64_t ldo) {
-    pv_all(0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(SDPA__ELEM_F32, 0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+}
+
+/* pv_avx512 for a decode step's few rows with V's rows in f16 or bf16, widened as loaded. */
+static void pv_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p,
+                               int64_t ldp, const float *alpha, const void *v, int64_t ldv,
+                               float *o, int64_t ldo) {
+    if (elem == SDPA__ELEM_F16)
+        pv_all(SDPA__ELEM_F16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    else
+        pv_all(SDPA__ELEM_BF16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx512 = {
@@ -445,6 +494,8 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .pack_q = pack_q_avx512,
     .qk = qk_avx512,
     .qk_few = qk_few_avx512,
+    .qk_few_half = qk_few_half_avx512,
+    .pv_few_half = pv_few_half_avx512,
     .softmax = softmax_avx512,
     .exp_lse = exp_lse_avx512,
     .pv = pv_avx512,
