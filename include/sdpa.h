@@ -85,7 +85,8 @@ SDPA_API int sdpa_version_number(void);
     X(SDPA_ERR_THREADS, -11, "invalid thread count or thread creation failed")                     \
     X(SDPA_ERR_UNSUPPORTED, -12, "valid request that this build does not support")                 \
     X(SDPA_ERR_INTERNAL, -13, "internal error (a bug: please report it)")                          \
-    X(SDPA_ERR_BUSY, -14, "the context is in use by a call from another thread")
+    X(SDPA_ERR_BUSY, -14, "the context is in use by a call from another thread")                   \
+    X(SDPA_ERR_INDEX, -15, "a length or page index of a KV-cache descriptor is out of range")
 
 #define SDPA__STATUS_ENUM(name, value, text) name = value,
 typedef enum sdpa_status { SDPA_STATUS_LIST(SDPA__STATUS_ENUM) } sdpa_status;
@@ -276,6 +277,8 @@ typedef struct sdpa_params {
     float dropout_p;           /* 0 = off; else in (0, 1): weights dropped with this chance */
     uint64_t dropout_seed;     /* with dropout_offset, which mask is drawn (see Dropout) */
     uint64_t dropout_offset;   /* advance it (by 1) per training step for a fresh mask */
+    const float *sinks;        /* NULL, or Hq attention-sink logits (see Semantics): finite,
+                                * or -inf for no sink on that head; NaN and +inf refused */
 } sdpa_params;
 
 /*
@@ -305,7 +308,13 @@ typedef struct sdpa_params {
  * equally weighted keys): the fast kernels compute such a row again in double.
  *
  * Fully masked rows. A row with no visible key (or whose visible scores are all -inf) has
- * O_i = 0 and LSE_i = -inf. It is not NaN.
+ * O_i = 0 and LSE_i = -inf (with a sink: LSE_i = sink_h). It is not NaN.
+ *
+ * Attention sinks. With sinks set, query head h's softmax has one more term in its
+ * denominator, exp(sink_h), as if a key of score sink_h and value 0 were visible to every
+ * row (gpt-oss, ggml's flash attention "sinks"): O_i = sum_j exp(s_ij - LSE_i) v_j with
+ * LSE_i = log(exp(sink_h) + sum_j exp(s_ij)), so a row's weights sum to less than 1. The
+ * sink takes no part in masks, windows, ALiBi, softcap or dropout, and gets no gradient.
  *
  * NaN and Inf. NaN in Q, K or V propagates to exactly the outputs that can see it: NaN in
  * q_i makes row i NaN; NaN in k_j makes every row that sees key j NaN; NaN in v_j[d] makes
@@ -371,7 +380,8 @@ SDPA_API sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdp
 
 /*
  * Computes the attention probabilities p_ij themselves, for inspection and heatmaps. Rows sum
- * to 1, invisible keys are 0, fully masked rows are all 0. This materialises Lq x Lk values
+ * to 1 (less with a sink: the sink's share is missing), invisible keys are 0, fully masked
+ * rows are all 0. This materialises Lq x Lk values
  * per head: use sdpa_forward for the output.
  *
  * @param q, k, params  as for sdpa_forward (V is not needed).
@@ -380,6 +390,60 @@ SDPA_API sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdp
  */
 SDPA_API sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                   const sdpa_params *params, sdpa_tensor *weights);
+
+/* ---------------------------------------------------------------------------------------- */
+/* KV caches: ragged and paged                                                               */
+/* ---------------------------------------------------------------------------------------- */
+
+/*
+ * Where the keys and values of a batch of sequences live during generation. Two layouts:
+ *
+ *   plain  (block_table NULL): k is (B, Hkv, Lk, Dk) and v (B, Hkv, Lk, Dv), as for
+ *          sdpa_forward; sequence b holds its keys in rows [0, seqlens_k[b]) and the rows
+ *          beyond are never read (a batch of caches filled to different lengths).
+ *   paged  (block_table set): k is a pool of pages (n_pages, Hkv, page_size, Dk) and v
+ *          (n_pages, Hkv, page_size, Dv); key j of sequence b is row j % page_size of page
+ *          block_table[b * max_pages + j / page_size] (vLLM's and FlashAttention's
+ *          block_table). Entries past a sequence's last page are never read (-1 is usual).
+ *
+ * Lengths: seqlens_k[b] in [0, capacity], capacity = Lk (plain) or max_pages * page_size
+ * (paged); NULL means every sequence is full. seqlens_q[b] in [0, Lq]: sequence b's queries are
+ * rows [0, seqlens_q[b]) of q (chunked prefill puts several new tokens per sequence; decode
+ * one); NULL means Lq for every sequence. The queries are the sequence's newest tokens:
+ * with SDPA_ALIGN_BOTTOM_RIGHT the offset of Semantics is off_b = seqlens_k[b] -
+ * seqlens_q[b], per sequence (with top-left, 0). Causal, window, ALiBi and the mask use the
+ * sequence's own positions.
+ */
+typedef struct sdpa_kv_cache {
+    const sdpa_tensor *k, *v;
+    const int32_t *seqlens_k;   /* NULL, or B key counts */
+    const int32_t *seqlens_q;   /* NULL, or B query counts */
+    const int32_t *block_table; /* NULL (plain), or B x max_pages page indices */
+    int64_t max_pages;          /* paged: entries per sequence in block_table, >= 1 */
+} sdpa_kv_cache;
+
+/*
+ * sdpa_forward over a KV cache: for each sequence b, attention of its seqlens_q[b] queries to
+ * its seqlens_k[b] keys, by the rules of Semantics (a sequence with no key gives fully masked
+ * rows). Rows of q past seqlens_q[b] are not read; their out rows are written 0 and their lse
+ * -inf (or the sink), so every output element is defined.
+ *
+ * @param q       (B, Hq, Lq, Dk), F32/F16/BF16.
+ * @param cache   the cache (see sdpa_kv_cache); k and v F32/F16/BF16, any strides.
+ * @param params  as for sdpa_forward, but without dropout (an inference call: dropout_p must
+ *                be 0). A mask is (B, Hq, Lq, capacity)-broadcastable and indexed by the
+ *                sequence's own positions.
+ * @param out     (B, Hq, Lq, Dv), written.
+ * @param lse     NULL or (B, Hq, Lq, 1) F32, written.
+ * @return as for sdpa_forward, and SDPA_ERR_INDEX when a length is negative or above the
+ *         capacity, or a block-table entry that the lengths make read is outside
+ *         [0, n_pages): the message names the sequence, the entry and its value. Nothing is
+ *         read through an entry before every entry has been checked, and on any error out and
+ *         lse are untouched.
+ */
+SDPA_API sdpa_status sdpa_forward_kv(sdpa_ctx *ctx, const sdpa_tensor *q,
+                                     const sdpa_kv_cache *cache, const sdpa_params *params,
+                                     sdpa_tensor *out, sdpa_tensor *lse);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Backward                                                                                  */
@@ -391,10 +455,11 @@ SDPA_API sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdp
  * the same seed and offset give the same mask). The mask, ALiBi and the scale are constants:
  * they get no gradient. Softcap is differentiated through (its derivative 1 - tanh^2). With
  * grouped-query attention, dk and dv of a key/value head sum the query heads of its group, in
- * order. A fully masked row gives dq = 0 there and adds nothing to dk and dv; a row that is
- * NaN in the forward gives NaN in its dq and in dk, dv of the keys it sees; a key hidden from
- * a row (window, mask) gets nothing from it, even when its K or V holds NaN; a key that no row
- * sees gets dk = dv = 0. The results are bitwise the same for any n_threads and on repeated
+ * order. Attention sinks take part through lse (sdpa_forward's, which includes them) and get
+ * no gradient themselves. A fully masked row gives dq = 0 there and adds nothing to dk and dv; a
+ * row that is NaN in the forward gives NaN in its dq and in dk, dv of the keys it sees; a key
+ * hidden from a row (window, mask) gets nothing from it, even when its K or V holds NaN; a key that
+ * no row sees gets dk = dv = 0. The results are bitwise the same for any n_threads and on repeated
  * calls.
  *
  * @param q, k, v, params  as for sdpa_forward.

@@ -36,6 +36,20 @@ sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor 
     return release(ctx, impl->forward(impl, ctx, &p, out, lse));
 }
 
+sdpa_status sdpa_forward_kv(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_kv_cache *cache,
+                            const sdpa_params *params, sdpa_tensor *out, sdpa_tensor *lse) {
+    if (ctx == NULL)
+        return SDPA_ERR_NULL;
+    if (claim(ctx))
+        return SDPA_ERR_BUSY;
+    sdpa__problem p;
+    sdpa_status st = sdpa__check_forward_kv(ctx, q, cache, params, out, lse, &p);
+    if (st != SDPA_OK)
+        return release(ctx, st);
+    const sdpa__impl *impl = sdpa__select(ctx->features, ctx->cap, SDPA__OP_FORWARD, &p);
+    return release(ctx, impl->forward(impl, ctx, &p, out, lse));
+}
+
 sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                          const sdpa_params *params, sdpa_tensor *weights) {
     if (ctx == NULL)

@@ -571,11 +571,58 @@ static void test_nan_policy(void) {
     tu_free(&a);
 }
 
+/* Split-KV (flash.c): a problem of fewer than 32 (batch, kv head, query block) tasks -- a
+ * decode step -- cuts its keys into chunks of at least 512 and merges the chunks' partial
+ * results. Key counts around the chunk sizes, GQA ratios 1, 4 and 8, f16 and bf16 caches
+ * under f32 queries, and the features that leave a chunk without a visible key for some rows:
+ * a mask with holes and whole heads hidden, bottom-right causal and windows with a few query
+ * rows, ALiBi and softcap. */
+static void test_split_kv(void) {
+    static const int64_t keys[] = {1023, 1024, 1025, 2047, 2049, 4097};
+    static const int64_t groups[] = {1, 4, 8};
+    for (size_t a = 0; a < sizeof keys / sizeof keys[0]; a++)
+        for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+            sem_case c = base_case(1, keys[a], 64);
+            c.Hkv = 2;
+            c.Hq = 2 * groups[g];
+            c.kv_dt = a % 3 == 0 ? SDPA_F32 : a % 3 == 1 ? SDPA_F16 : SDPA_BF16;
+            c.lp_f32 = 1; /* the baseline of f32 queries keeps f32 scores */
+            c.seed = 100 + a * 3 + g;
+            char name[80];
+            snprintf(name, sizeof name, "split: Lq=1 Lk=%lld Hq=%lld Hkv=2 kv %s", (long long)c.Lk,
+                     (long long)c.Hq, sdpa_dtype_name(c.kv_dt));
+            CHECK(run_case(name, &c));
+        }
+    sem_case c = base_case(3, 3000, 40);
+    c.Hq = 4;
+    c.Hkv = 1;
+    c.params.causal = 1;
+    c.params.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    CHECK(run_case("split: Lq=3 Lk=3000 causal bottom-right", &c));
+    c.params.use_window = 1;
+    c.params.window_left = 100; /* only the last chunk holds visible keys */
+    c.alibi = 1;
+    c.params.softcap = 20.0f;
+    CHECK(run_case("split: window 100, ALiBi, softcap", &c));
+    c = base_case(2, 2500, 32);
+    c.Hq = 4;
+    c.Hkv = 2;
+    c.mask = MASK_F32;
+    c.mask_hole = 0.995; /* most chunks see nothing */
+    CHECK(run_case("split: additive mask, 99.5 % holes", &c));
+    c.mask_hole = 1.0; /* no row sees a key: 0 and -inf from chunks that are all empty */
+    CHECK(run_case("split: every key hidden", &c));
+    c.mask = MASK_BOOL;
+    c.mask_hole = 0.3;
+    c.bcast = 1 | 4;
+    CHECK(run_case("split: bool mask, broadcast over B and Lq", &c));
+}
+
 int main(int argc, char **argv) {
     tu_report_impls();
     return CHECK_RUN(argc, argv, CASE(test_head_dims), CASE(test_lengths),
                      CASE(test_heads_and_batch), CASE(test_masks), CASE(test_causal_and_windows),
                      CASE(test_softcap_scale_alibi), CASE(test_dtypes_and_inputs),
                      CASE(test_layouts), CASE(test_stride_zero_inputs),
-                     CASE(test_fully_masked_rows), CASE(test_nan_policy));
+                     CASE(test_fully_masked_rows), CASE(test_nan_policy), CASE(test_split_kv));
 }

@@ -11,9 +11,19 @@
  * O(rows x (Dk + Dv + tile)) per thread, never Lq x Lk. Key tiles that the window or the causal
  * rule hide from every row of a task are never visited.
  *
- * Determinism: the decomposition (tile sizes, task boundaries) depends only on the problem and
- * the micro-kernel table, never on the number of threads, and a task's arithmetic does not
- * depend on which thread runs it: results are bitwise identical for any n_threads.
+ * Decode (split-KV): a problem of few tasks -- one or a few query rows per (b, kv head) --
+ * also cuts its keys into chunks (plan_split), each chunk a task that leaves a partial (O, LSE),
+ * merged in chunk order by a second pass (merge.h). A half-precision cache is read in place
+ * by the tables' qk_few_half and pv_few_half there; elsewhere K and V tiles are widened.
+ *
+ * KV caches (sdpa_forward_kv): each task works on its sequence's own problem (sdpa__seq: its
+ * lengths and causal offset); rows past the sequence's queries are written as fully masked;
+ * a paged cache is read through the block table (sdpa__kv_offset), a slice never crossing a
+ * page. Attention sinks join each row's softmax once, at the end (sdpa__add_sink).
+ *
+ * Determinism: the decomposition (tile sizes, task boundaries, key chunks) depends only on the
+ * problem and the micro-kernel table, never on the number of threads, and a task's arithmetic
+ * does not depend on which thread runs it: results are bitwise identical for any n_threads.
  *
  * The contract's corner cases: hidden scores are set to -inf before the softmax, which turns
  * them into -0.0 weights; when a slice has hidden keys and its V holds a NaN or an Inf, P V is
@@ -26,6 +36,7 @@
 #include "../core/half.h"
 #include "../core/services.h"
 #include "../ref/ref.h"
+#include "merge.h"
 #include "tile.h"
 
 #include <math.h>
@@ -34,33 +45,62 @@
 
 enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
 
+/* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
+ * decode step: B x Hkv tasks of one or a few rows -- cannot keep many workers busy, so each
+ * task's keys are cut into chunks of at least SPLIT_MIN_KEYS keys (a multiple of KEY_TILE),
+ * until there are about SPLIT_TASKS tasks or the partial results would pass SPLIT_MAX_BYTES.
+ * Each chunk's task leaves a partial (O, LSE) and a second pass merges them in chunk order
+ * (merge.h). The cut depends on the problem only, never on the number of threads. */
+enum { SPLIT_TASKS = 32, SPLIT_MIN_KEYS = 512 };
+#define SPLIT_MAX_BYTES ((size_t)32 << 20)
+
 typedef struct flash_plan {
     const sdpa__problem *p;
     const sdpa__ukernels *uk;
     sdpa_tensor *out, *lse;
     int64_t bq;             /* query positions per task */
     int64_t n_qb;           /* query blocks per (b, hk) */
+    int64_t n_chunks;       /* key chunks per (b, hk, query block): 1 = no split */
+    int64_t chunk;          /* keys per chunk (a multiple of KEY_TILE) when n_chunks > 1 */
+    float *part_o;          /* split: [block][row][chunk][Dv], each chunk's normalised O */
+    double *part_lse;       /* split: [block][row][chunk], each chunk's LSE (-inf: no key) */
     int64_t rp;             /* padded row capacity: group * bq rounded up to lanes */
     int64_t dvp;            /* row stride of the output accumulator */
     int q_direct;           /* Q is f32 with unit feature stride: its rows are read in place */
     int k_direct;           /* K is f32 with unit feature stride: read in place */
     int v_direct;           /* likewise V */
+    int k_half, v_half;     /* K (V) is f16 or bf16 with unit feature stride: few-row tasks
+                             * read it in place (qk_few_half, pv_few_half) */
     int needs_post;         /* softcap, ALiBi or a mask: every tile is post-processed */
     atomic_int *overflowed; /* set by a task whose accumulator reached +-inf (see the end) */
     size_t per_worker;      /* bytes of scratch per worker */
     char *scratch;
 } flash_plan;
 
-/* The keys of a tile as f32 rows: in place when possible, else widened into `pack`. */
-static const float *tile_rows(const sdpa__ukernels *uk, const sdpa_tensor *t, int direct, int64_t b,
-                              int64_t hk, int64_t j0, int64_t nk, int64_t d, float *pack,
-                              int64_t *ld) {
-    if (direct) {
+/* Where key row j of (b, hk) of t (p->k or p->v) starts, through the block table when the
+ * cache is paged. */
+static const char *kv_row(const sdpa__problem *p, const sdpa_tensor *t, int64_t b, int64_t hk,
+                          int64_t j) {
+    return (const char *)t->data +
+           sdpa__kv_offset(p, t, b, hk, j) * (int64_t)sdpa_dtype_size(t->dtype);
+}
+
+/* The keys [j0, j0 + nk) of a tile as f32 rows: in place when possible (f32 with unit feature
+ * stride, and within one page of a paged cache), else widened or copied into `pack`. */
+static const float *tile_rows(const sdpa__ukernels *uk, const sdpa__problem *p,
+                              const sdpa_tensor *t, int direct, int64_t b, int64_t hk, int64_t j0,
+                              int64_t nk, int64_t d, float *pack, int64_t *ld) {
+    if (direct && (p->block_table == NULL || j0 / p->page_size == (j0 + nk - 1) / p->page_size)) {
         *ld = t->stride[2];
-        return (const float *)t->data + sdpa__offset(t, b, hk, j0, 0);
+        return (const float *)kv_row(p, t, b, hk, j0);
     }
-    for (int64_t j = 0; j < nk; j++)
-        uk->load_row((int)t->dtype, d, sdpa__row_at(t, b, hk, j0 + j), t->stride[3], pack + j * d);
+    for (int64_t j = 0; j < nk; j++) {
+        const char *row = kv_row(p, t, b, hk, j0 + j);
+        if (direct)
+            memcpy(pack + j * d, row, (size_t)d * sizeof(float));
+        else
+            uk->load_row((int)t->dtype, d, row, t->stride[3], pack + j * d);
+    }
     *ld = d;
     return pack;
 }
@@ -70,13 +110,13 @@ static const float *tile_rows(const sdpa__ukernels *uk, const sdpa_tensor *t, in
  * arithmetic per byte (decode): V is requested before the slice's Q K^T and softmax, so that
  * P V finds it arrived instead of waiting on DRAM a row at a time (K is requested ahead by the
  * tables' qk_few themselves). A prefetch never faults and has no effect on results. */
-static void prefetch_rows(const sdpa_tensor *t, int64_t b, int64_t h, int64_t j0, int64_t n,
-                          int64_t d) {
+static void prefetch_rows(const sdpa__problem *p, const sdpa_tensor *t, int64_t b, int64_t h,
+                          int64_t j0, int64_t n, int64_t d) {
     if (t->stride[3] != 1 && d > 1)
         return;
     const int64_t bytes = d * (int64_t)sdpa_dtype_size(t->dtype);
     for (int64_t j = 0; j < n; j++) {
-        const char *row = sdpa__row_at(t, b, h, j0 + j);
+        const char *row = kv_row(p, t, b, h, j0 + j);
         for (int64_t c = 0; c < bytes; c += 64)
             __builtin_prefetch(row + c, 0, 3);
     }
@@ -133,10 +173,11 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
 }
 
 /* Hides keys outside each row's window (on tiles the window cuts through), then applies
- * softcap, ALiBi and the mask to the visible scores of keys ja.. (s[jj * rp + r]). */
-static void post_process(const flash_plan *pl, int64_t b, const task_scratch *tr, int64_t r0,
-                         int64_t r1, int64_t ja, int64_t nk, int whole, float *s) {
-    const sdpa__problem *p = pl->p;
+ * softcap, ALiBi and the mask to the visible scores of keys ja.. (s[jj * rp + r]). p is the
+ * problem of sequence b (sdpa__seq). */
+static void post_process(const flash_plan *pl, const sdpa__problem *p, int64_t b,
+                         const task_scratch *tr, int64_t r0, int64_t r1, int64_t ja, int64_t nk,
+                         int whole, float *s) {
     if (!whole) {
         /* Rows are sorted by position, so the rows a key is hidden from are a prefix (right
          * bound: i + off + wr < j) and a suffix (left bound: i + off - wl > j) of the range:
@@ -168,10 +209,12 @@ static void post_process(const flash_plan *pl, int64_t b, const task_scratch *tr
     }
 }
 
-static void flash_task(void *arg, int64_t task, int worker) {
+static void flash_task(void *arg, int64_t task_chunk, int worker) {
     const flash_plan *pl = arg;
-    const sdpa__problem *p = pl->p;
     const sdpa__ukernels *uk = pl->uk;
+    const int64_t task = task_chunk / pl->n_chunks, chunk = task_chunk % pl->n_chunks;
+    sdpa__problem seq;
+    const sdpa__problem *p = sdpa__seq(pl->p, task / pl->n_qb / pl->p->Hkv, &seq);
     /* When a right window bound (causal) makes later query blocks see more keys, each head's
      * blocks are taken last first: the pool hands out tasks in increasing order, so within a
      * head the large tasks start early and the small ones fill the gaps, while neighbouring
@@ -180,15 +223,20 @@ static void flash_task(void *arg, int64_t task, int worker) {
     const int64_t bh = task / pl->n_qb, rank = task % pl->n_qb;
     const int64_t b = bh / p->Hkv, hk = bh % p->Hkv;
     const int64_t qb = p->window_right >= 0 ? pl->n_qb - 1 - rank : rank;
-    const int64_t i0 = qb * pl->bq, nq = i0 + pl->bq <= p->Lq ? pl->bq : p->Lq - i0;
+    /* the block's positions: nq_all of the problem, of which the sequence has the first nq
+     * (fewer when its length is ragged; the rest are written as fully masked rows) */
+    const int64_t i0 = qb * pl->bq;
+    const int64_t nq_all = i0 + pl->bq <= pl->p->Lq ? pl->bq : pl->p->Lq - i0;
+    const int64_t nq = i0 >= p->Lq ? 0 : i0 + nq_all <= p->Lq ? nq_all : p->Lq - i0;
     const int64_t rows = p->group * nq, rpad = sdpa__round_up(rows, uk->lanes), rp = pl->rp;
+    const int64_t rows_all = p->group * nq_all, rinit = rpad > rows_all ? rpad : rows_all;
 
     task_scratch tr;
     layout(pl, pl->scratch + (size_t)worker * pl->per_worker, &tr);
     float *qt = tr.qt, *s = tr.s, *o = tr.o, *m = tr.m, *l = tr.l, *alpha = tr.alpha;
 
     /* the rows of the task: each row's head, position and window, and Q transposed */
-    for (int64_t r = 0; r < rpad; r++) {
+    for (int64_t r = 0; r < rinit; r++) {
         const int64_t h = hk * p->group + r % p->group, i = i0 + r / p->group;
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -207,11 +255,16 @@ static void flash_task(void *arg, int64_t task, int worker) {
         }
     }
     uk->pack_q(rows, p->Dk, tr.q_row, qt, rp);
-    memset(o, 0, (size_t)(rows * pl->dvp) * sizeof *o);
+    memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);
 
-    /* the keys any row of the task may see */
-    int64_t jlo, jhi;
-    sdpa__block_keys(p, i0, i0 + nq, &jlo, &jhi);
+    /* the keys any row of the task may see, within its chunk */
+    int64_t jlo = 0, jhi = 0;
+    if (nq > 0)
+        sdpa__block_keys(p, i0, i0 + nq, &jlo, &jhi);
+    if (pl->n_chunks > 1) {
+        jlo = jlo > chunk * pl->chunk ? jlo : chunk * pl->chunk;
+        jhi = jhi < (chunk + 1) * pl->chunk ? jhi : (chunk + 1) * pl->chunk;
+    }
 
     for (int64_t j0 = jlo / KEY_TILE * KEY_TILE; j0 < jhi; j0 += KEY_TILE) {
         const int64_t ja = j0 > jlo ? j0 : jlo, jb = j0 + KEY_TILE < jhi ? j0 + KEY_TILE : jhi;
@@ -220,8 +273,11 @@ static void flash_task(void *arg, int64_t task, int worker) {
          * keys, each computed only for the rows that see some of it: rows are sorted by
          * position, so those are one range, and most of the hidden triangle is skipped. */
         const int64_t step = whole ? KEY_TILE : KEY_SLICE;
-        for (int64_t js = ja; js < jb; js += step) {
-            const int64_t nk = js + step < jb ? step : jb - js;
+        int64_t nk;
+        for (int64_t js = ja; js < jb; js += nk) {
+            nk = js + step < jb ? step : jb - js;
+            if (p->block_table != NULL) /* a slice stays within one page of the cache */
+                nk = nk < p->page_size - js % p->page_size ? nk : p->page_size - js % p->page_size;
             int64_t first, last; /* positions [first, last) see a key of the slice */
             sdpa__block_queries(p, js, js + nk, i0, i0 + nq, &first, &last);
             if (first >= last)
@@ -232,24 +288,44 @@ static void flash_task(void *arg, int64_t task, int worker) {
             const int64_t r1 = last * p->group, r1pad = sdpa__round_up(r1, uk->lanes);
             const int64_t r1use = r1pad < rows ? r1pad : rows;
             float *s0 = s + r0;
+            /* qk_few serves f32 queries read in place (widened half-precision queries keep
+             * qk's order of summation); a half-precision cache is then read in place too */
+            const int few = uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
+                            r1pad - r0 == uk->lanes;
+            const int k_half = few && pl->k_half && uk->qk_few_half != NULL;
+            const int v_half = few && pl->v_half && uk->pv_few_half != NULL;
             int64_t ldk, ldv;
-            if (rows <= SDPA__FEW_ROWS)
-                prefetch_rows(&p->v, b, hk, js, nk, p->Dv);
-            const float *kt =
-                tile_rows(uk, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
-            /* qk_few serves f32 queries read in place; widened half-precision queries keep
-             * qk's order of summation */
-            if (uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
-                r1pad - r0 == uk->lanes)
-                uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, tr.q_row + r0, (float)p->scale, s0, rp);
-            else
-                uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
+            if (rows <= SDPA__FEW_ROWS) {
+                prefetch_rows(p, &p->v, b, hk, js, nk, p->Dv);
+                /* K widened into kpack is read there, where qk_few's own requests ahead
+                 * land: the next slice's K rows are asked for here instead */
+                if (!pl->k_direct && !k_half && js + nk < jhi)
+                    prefetch_rows(p, &p->k, b, hk, js + nk, jhi - js - nk < nk ? jhi - js - nk : nk,
+                                  p->Dk);
+            }
+            if (k_half) {
+                uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),
+                                p->k.stride[2], tr.q_row + r0, (float)p->scale, s0, rp);
+            } else {
+                const float *kt =
+                    tile_rows(uk, p, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
+                if (few)
+                    uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, tr.q_row + r0, (float)p->scale, s0,
+                               rp);
+                else
+                    uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
+            }
             if (!whole || pl->needs_post)
-                post_process(pl, b, &tr, r0, r1use, js, nk, whole, s0 - r0);
+                post_process(pl, p, b, &tr, r0, r1use, js, nk, whole, s0 - r0);
             const int hidden = uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
-            const float *vt =
-                tile_rows(uk, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
             float *o0 = o + r0 * pl->dvp;
+            if (v_half && !hidden) { /* (a hidden key's NaN is kept out by the path below) */
+                uk->pv_few_half((int)p->v.dtype, nk, r1use - r0, p->Dv, s0, rp, alpha + r0,
+                                kv_row(p, &p->v, b, hk, js), p->v.stride[2], o0, pl->dvp);
+                continue;
+            }
+            const float *vt =
+                tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
             if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv))
                 uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             else
@@ -258,22 +334,84 @@ static void flash_task(void *arg, int64_t task, int worker) {
     }
 
     /* O = acc / l, LSE = m + log l (summed in double: one rounding, not three); rows that saw
-     * nothing: 0 and -inf */
+     * nothing: 0 and -inf. A chunk of a split task leaves them as its partial. */
     const sdpa_tensor *out = pl->out;
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = 0; r < rows_all; r++) {
         const int64_t h = tr.h[r], i = tr.i[r];
-        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+        /* a row the sequence lacks (r >= rows) saw nothing, though as a padding lane of the
+         * softmax it may have gathered a running sum */
+        if (r >= rows)
+            l[r] = 0.0f;
+        float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         int inf = 0;
         for (int64_t c = 0; c < p->Dv; c++)
             inf |= isinf(o[r * pl->dvp + c]);
         if (inf)
             atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
+        if (pl->n_chunks > 1) {
+            const int64_t at = ((bh * pl->n_qb + qb) * pl->rp + r) * pl->n_chunks + chunk;
+            uk->store_row(SDPA__ELEM_F32, p->Dv, o + r * pl->dvp, inv, pl->part_o + at * p->Dv, 1);
+            pl->part_lse[at] = l[r] == 0.0f ? -INFINITY : (double)m[r] + log((double)l[r]);
+            continue;
+        }
+        double row_lse = l[r] == 0.0f ? -INFINITY : (double)m[r] + log((double)l[r]);
+        if (p->sinks != NULL) {
+            const double f = sdpa__add_sink((double)p->sinks[h], &row_lse);
+            inv = l[r] == 0.0f ? 0.0f : (float)(f / (double)l[r]);
+        }
         uk->store_row((int)out->dtype, p->Dv, o + r * pl->dvp, inv,
                       (void *)sdpa__row_at(out, b, h, i), out->stride[3]);
         if (pl->lse != NULL)
-            ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] =
-                l[r] == 0.0f ? -INFINITY : (float)((double)m[r] + log((double)l[r]));
+            ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] = (float)row_lse;
     }
+}
+
+/* The second pass of a split problem: task (b, hk, query block) -- the block's number, not
+ * the order flash_task takes it in -- merges its rows' chunks, in chunk order, and writes O
+ * and LSE. */
+static void merge_task(void *arg, int64_t task, int worker) {
+    const flash_plan *pl = arg;
+    const sdpa__problem *p = pl->p;
+    const int64_t b = task / pl->n_qb / p->Hkv, hk = task / pl->n_qb % p->Hkv;
+    const int64_t i0 = task % pl->n_qb * pl->bq, nq = i0 + pl->bq <= p->Lq ? pl->bq : p->Lq - i0;
+    double *row = (double *)(pl->scratch + (size_t)worker * pl->per_worker);
+    for (int64_t r = 0; r < p->group * nq; r++) {
+        const int64_t h = hk * p->group + r % p->group, i = i0 + r / p->group;
+        const int64_t at = (task * pl->rp + r) * pl->n_chunks;
+        double lse = sdpa__merge_row(pl->n_chunks, p->Dv, pl->part_o + at * p->Dv, p->Dv,
+                                     pl->part_lse + at, row);
+        /* the sink's term joins once, after the chunks (none of them saw it) */
+        const double f = p->sinks != NULL ? sdpa__add_sink((double)p->sinks[h], &lse) : 1.0;
+        const int64_t o0 = sdpa__offset(pl->out, b, h, i, 0);
+        for (int64_t c = 0; c < p->Dv; c++)
+            sdpa__store(pl->out->data, pl->out->dtype, o0 + c * pl->out->stride[3],
+                        f == 1.0 ? row[c] : f * row[c]);
+        if (pl->lse != NULL)
+            ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] = (float)lse;
+    }
+}
+
+/* How many chunks the keys of each task are cut into (see SPLIT_TASKS), and how long they
+ * are; from the problem only. */
+static void plan_split(flash_plan *pl) {
+    const sdpa__problem *p = pl->p;
+    const int64_t tasks = p->B * p->Hkv * pl->n_qb;
+    pl->n_chunks = 1;
+    pl->chunk = p->Lk;
+    if (tasks >= SPLIT_TASKS)
+        return;
+    int64_t n = (SPLIT_TASKS + tasks - 1) / tasks;
+    const int64_t most = p->Lk / SPLIT_MIN_KEYS;
+    n = n < most ? n : most;
+    /* each chunk holds rp x (Dv + 2) values per task */
+    const size_t per_chunk =
+        (size_t)tasks * (size_t)pl->rp * ((size_t)p->Dv * sizeof(float) + sizeof(double));
+    while (n > 1 && (size_t)n * per_chunk > SPLIT_MAX_BYTES)
+        n--;
+    if (n <= 1)
+        return;
+    pl->chunk = sdpa__round_up((p->Lk + n - 1) / n, KEY_TILE);
+    pl->n_chunks = (p->Lk + pl->chunk - 1) / pl->chunk;
 }
 
 /* The unnormalised accumulator O = sum_j p_j v_j (p_j <= 1) reaches +-inf when the weights'
@@ -284,16 +422,21 @@ static void flash_task(void *arg, int64_t task, int worker) {
  * range. scratch: Dk + Lk + Dv doubles. */
 static void redo_overflowed_rows(const sdpa__problem *p, sdpa_tensor *out, sdpa_tensor *lse,
                                  double *scratch) {
-    for (int64_t b = 0; b < p->B; b++)
+    for (int64_t b = 0; b < p->B; b++) {
+        sdpa__problem tmp;
+        const sdpa__problem *seq = sdpa__seq(p, b, &tmp);
         for (int64_t h = 0; h < p->Hq; h++)
             for (int64_t i = 0; i < p->Lq; i++) {
-                int inf = 0;
-                for (int64_t c = 0; c < p->Dv && !inf; c++)
-                    inf = isinf(sdpa__load(out->data, out->dtype, sdpa__offset(out, b, h, i, c)));
-                if (inf)
-                    sdpa__ref_forward_row(p, b, h, i, scratch, scratch + p->Dk,
+                /* a split row merges an infinite partial into inf, or NaN where its weight is 0 */
+                int bad = 0;
+                for (int64_t c = 0; c < p->Dv && !bad; c++)
+                    bad =
+                        !isfinite(sdpa__load(out->data, out->dtype, sdpa__offset(out, b, h, i, c)));
+                if (bad)
+                    sdpa__ref_forward_row(seq, b, h, i, scratch, scratch + p->Dk,
                                           scratch + p->Dk + p->Lk, out, lse);
             }
+    }
 }
 
 sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
@@ -316,7 +459,10 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
     pl.k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
     pl.v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
+    pl.k_half = p->k.dtype != SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
+    pl.v_half = p->v.dtype != SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
     pl.needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
+    plan_split(&pl);
     task_scratch unused;
     pl.per_worker = layout(&pl, NULL, &unused);
     const int workers = sdpa__n_workers(ctx);
@@ -324,14 +470,22 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.overflowed = &overflowed;
     /* and, after the workers' regions, what redo_overflowed_rows needs: reserved now, so that
      * a call never fails after it has written outputs */
+    const int64_t tasks = p->B * p->Hkv * pl.n_qb;
+    const size_t redo = (size_t)(p->Dk + p->Lk + p->Dv) * sizeof(double);
+    const size_t parts = pl.n_chunks > 1 ? (size_t)(tasks * pl.rp * pl.n_chunks) : 0;
     const size_t bytes =
-        (size_t)workers * pl.per_worker + (size_t)(p->Dk + p->Lk + p->Dv) * sizeof(double);
+        (size_t)workers * pl.per_worker + redo + parts * (size_t)p->Dv * 4 + parts * sizeof(double);
     pl.scratch = sdpa__alloc(ctx, bytes, 64);
     if (pl.scratch == NULL)
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash forward: no memory for %zu bytes", bytes);
-    sdpa__parallel_for(ctx, p->B * p->Hkv * pl.n_qb, flash_task, &pl);
+    char *after = pl.scratch + (size_t)workers * pl.per_worker;
+    pl.part_lse = (double *)(after + redo);
+    pl.part_o = (float *)(after + redo + parts * sizeof(double));
+    sdpa__parallel_for(ctx, tasks * pl.n_chunks, flash_task, &pl);
+    if (pl.n_chunks > 1)
+        sdpa__parallel_for(ctx, tasks, merge_task, &pl);
     if (atomic_load(&overflowed))
-        redo_overflowed_rows(p, out, lse, (double *)(pl.scratch + (size_t)workers * pl.per_worker));
+        redo_overflowed_rows(p, out, lse, (double *)after);
     sdpa__free(ctx, pl.scratch);
     return SDPA_OK;
 }

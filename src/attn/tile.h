@@ -37,6 +37,23 @@ static inline int sdpa__has_nonfinite(const float *x, int64_t n, int64_t ld, int
     return bad != 0;
 }
 
+/* Joins an attention sink sigma (sdpa.h, Semantics) to a row whose softmax so far has
+ * log-sum-exp *lse (-inf: no key; NaN: a NaN row, left as it is): *lse becomes
+ * log(exp(*lse) + exp(sigma)), and the factor the row's output is multiplied by,
+ * exp(old lse - new lse), is returned (0 for a row with no key, whose output stays 0). */
+static inline double sdpa__add_sink(double sigma, double *lse) {
+    if (sigma == -INFINITY || isnan(*lse))
+        return 1.0;
+    if (*lse == -INFINITY) {
+        *lse = sigma;
+        return 0.0;
+    }
+    const double top = *lse > sigma ? *lse : sigma;
+    const double a = exp(*lse - top), sum = a + exp(sigma - top);
+    *lse = top + log(sum);
+    return a / sum;
+}
+
 /* The score of query i and key j of (batch b, query head h) from its scaled product
  * x = scale q_i . k_j, for a key the window rule lets the row see (sdpa.h, Semantics):
  *     s = softcap(x) + alibi_ij + mask_ij,

@@ -32,15 +32,47 @@ typedef struct sdpa__problem {
      * weights are scaled by 1 / (1 - dropout_p). Zero in a problem that asks for none. */
     double dropout_p; /* in [0, 1] */
     uint64_t dropout_seed, dropout_offset;
+    const float *sinks; /* NULL or Hq attention-sink logits (finite or -inf) */
     int has_mask;
     sdpa_tensor q, k, v;
     sdpa_tensor mask; /* valid when has_mask: shape (B, Hq, Lq, Lk), broadcast strides 0 */
+    /* A KV cache (sdpa_forward_kv), else NULL and 0. Lq and Lk are then the capacities, and
+     * sdpa__seq gives sequence b's own Lq, Lk and off; with block_table, k and v are pools of
+     * pages (n_pages, Hkv, page_size, D) and sdpa__kv_offset finds a key's row. */
+    const int32_t *seqlens_q, *seqlens_k; /* NULL or B lengths, validated */
+    const int32_t *block_table;           /* NULL or B x max_pages, every entry read valid */
+    int64_t max_pages, page_size;
+    int bottom_right; /* the alignment, for sdpa__seq's off */
 } sdpa__problem;
 
 /* Offset in elements of element (i0, i1, i2, i3) of t. */
 static inline int64_t sdpa__offset(const sdpa_tensor *t, int64_t i0, int64_t i1, int64_t i2,
                                    int64_t i3) {
     return i0 * t->stride[0] + i1 * t->stride[1] + i2 * t->stride[2] + i3 * t->stride[3];
+}
+
+/* The problem of sequence b alone where the lengths are ragged (a KV cache with seqlens):
+ * *tmp set to p with sequence b's Lq, Lk and off, and returned; otherwise p itself. Every
+ * rule below then applies to that sequence's own positions. */
+static inline const sdpa__problem *sdpa__seq(const sdpa__problem *p, int64_t b,
+                                             sdpa__problem *tmp) {
+    if (p->seqlens_q == NULL && p->seqlens_k == NULL)
+        return p;
+    *tmp = *p;
+    tmp->Lq = p->seqlens_q != NULL ? p->seqlens_q[b] : p->Lq;
+    tmp->Lk = p->seqlens_k != NULL ? p->seqlens_k[b] : p->Lk;
+    tmp->off = p->bottom_right ? tmp->Lk - tmp->Lq : 0;
+    return tmp;
+}
+
+/* Where row j of (batch or sequence b, kv head hk) of t -- p->k or p->v, or a tensor laid out
+ * like them -- starts, in elements: through the block table when the cache is paged. */
+static inline int64_t sdpa__kv_offset(const sdpa__problem *p, const sdpa_tensor *t, int64_t b,
+                                      int64_t hk, int64_t j) {
+    if (p->block_table == NULL)
+        return sdpa__offset(t, b, hk, j, 0);
+    const int64_t page = p->block_table[b * p->max_pages + j / p->page_size];
+    return sdpa__offset(t, page, hk, j % p->page_size, 0);
 }
 
 /* The keys query i may see under the window rule (causal folded in): [*lo, *hi], inclusive.

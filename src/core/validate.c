@@ -207,6 +207,16 @@ static sdpa_status check_params(sdpa_ctx *ctx, const sdpa_params *pr, int64_t hq
                 return sdpa__fail(ctx, SDPA_ERR_PARAM, "params.alibi_slopes[%lld]=%g is not finite",
                                   (long long)h, (double)pr->alibi_slopes[h]);
     }
+    if (pr->sinks != NULL && (uintptr_t)pr->sinks % sizeof(float) != 0)
+        return sdpa__fail(ctx, SDPA_ERR_PARAM, "params.sinks=%p is not aligned to 4-byte floats",
+                          (const void *)pr->sinks);
+    if (pr->sinks != NULL) {
+        for (int64_t h = 0; h < hq; h++)
+            if (isnan(pr->sinks[h]) || pr->sinks[h] == INFINITY)
+                return sdpa__fail(ctx, SDPA_ERR_PARAM,
+                                  "params.sinks[%lld]=%g must be finite, or -inf for no sink",
+                                  (long long)h, (double)pr->sinks[h]);
+    }
     return SDPA_OK;
 }
 
@@ -257,6 +267,8 @@ static void resolve_params(const sdpa_params *pr, sdpa__problem *p) {
     if (pr->causal)
         p->window_right = 0;
     p->alibi = pr->alibi_slopes;
+    p->sinks = pr->sinks;
+    p->bottom_right = pr->align == SDPA_ALIGN_BOTTOM_RIGHT;
     p->dropout_p = (double)pr->dropout_p;
     p->dropout_seed = pr->dropout_seed;
     p->dropout_offset = pr->dropout_offset;
@@ -311,7 +323,7 @@ static sdpa_status check_shapes(sdpa_ctx *ctx, const sdpa__signature *sig,
 }
 
 sdpa_status sdpa__validate(sdpa_ctx *ctx, const sdpa__signature *sig, const sdpa_tensor *const *t,
-                           const sdpa_params *params, sdpa__problem *p) {
+                           const sdpa_params *params, int64_t max_pages, sdpa__problem *p) {
     static const sdpa_params defaults = {0};
     const int nr = sig->n_roles;
     sdpa_status st;
@@ -339,6 +351,17 @@ sdpa_status sdpa__validate(sdpa_ctx *ctx, const sdpa__signature *sig, const sdpa
     p->Dk = q->shape[3];
     p->Hkv = k->shape[1];
     p->Lk = k->shape[2];
+    if (max_pages > 0) { /* k and v are pools of pages: the keys of a sequence are its pages' */
+        if (max_pages > SDPA_MAX_EXTENT / k->shape[2])
+            return sdpa__fail(ctx, SDPA_ERR_DIM,
+                              "cache.max_pages=%lld x page size k.shape[2]=%lld keys exceeds "
+                              "SDPA_MAX_EXTENT=%lld",
+                              (long long)max_pages, (long long)k->shape[2],
+                              (long long)SDPA_MAX_EXTENT);
+        p->page_size = k->shape[2];
+        p->max_pages = max_pages;
+        p->Lk = max_pages * k->shape[2];
+    }
     p->group = p->Hq / p->Hkv;
     p->q = *q;
     p->k = *k;
@@ -355,8 +378,8 @@ sdpa_status sdpa__validate(sdpa_ctx *ctx, const sdpa__signature *sig, const sdpa
     /* Spans: the inputs in table order, then the mask (the caller's view, not the expanded
      * one: same span, and a message shows their numbers) and the ALiBi slopes. Each output is
      * then compared with all of them and with the outputs before it. */
-    span sp[SDPA__MAX_ROLES + 2];
-    const char *names[SDPA__MAX_ROLES + 2];
+    span sp[SDPA__MAX_ROLES + 3];
+    const char *names[SDPA__MAX_ROLES + 3];
     int n_sp = 0;
     for (int n = 0; n < nr; n++) {
         if (t[n] == NULL || sig->roles[n].output)
@@ -374,6 +397,11 @@ sdpa_status sdpa__validate(sdpa_ctx *ctx, const sdpa__signature *sig, const sdpa
         sp[n_sp].lo = (uintptr_t)p->alibi;
         sp[n_sp].hi = sp[n_sp].lo + (uintptr_t)p->Hq * sizeof(float) - 1;
         names[n_sp++] = "params.alibi_slopes";
+    }
+    if (p->sinks != NULL) {
+        sp[n_sp].lo = (uintptr_t)p->sinks;
+        sp[n_sp].hi = sp[n_sp].lo + (uintptr_t)p->Hq * sizeof(float) - 1;
+        names[n_sp++] = "params.sinks";
     }
     for (int n = 0; n < nr; n++) {
         if (t[n] == NULL || !sig->roles[n].output)
@@ -447,21 +475,118 @@ sdpa_status sdpa__check_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa
                                  const sdpa_params *params, const sdpa_tensor *dq,
                                  const sdpa_tensor *dk, const sdpa_tensor *dv, sdpa__problem *p) {
     const sdpa_tensor *const t[9] = {q, k, v, out, lse, dout, dq, dk, dv};
-    return sdpa__validate(ctx, &sdpa__sig_backward, t, params, p);
+    return sdpa__validate(ctx, &sdpa__sig_backward, t, params, 0, p);
 }
 
 sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_tensor *v, const sdpa_params *params,
                                 const sdpa_tensor *out, const sdpa_tensor *lse, sdpa__problem *p) {
     const sdpa_tensor *const t[5] = {q, k, v, out, lse};
-    return sdpa__validate(ctx, &sdpa__sig_forward, t, params, p);
+    return sdpa__validate(ctx, &sdpa__sig_forward, t, params, 0, p);
 }
 
 sdpa_status sdpa__check_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                                 const sdpa_params *params, const sdpa_tensor *weights,
                                 sdpa__problem *p) {
     const sdpa_tensor *const t[3] = {q, k, weights};
-    return sdpa__validate(ctx, &sdpa__sig_weights, t, params, p);
+    return sdpa__validate(ctx, &sdpa__sig_weights, t, params, 0, p);
+}
+
+/* ---- sdpa_forward_kv ------------------------------------------------------------------------
+ * The forward's roles, with k and v pools of pages (n_pages, Hkv, page_size, D) when the
+ * cache is paged; then the lengths and the block table, each entry a read will go through. */
+
+const sdpa__signature sdpa__sig_forward_paged = {
+    5,
+    1,
+    {ROLE_Q_,
+     {"k", 0, 0, 1, SDPA__DT_FLOAT, {FREE_, FREE_, FREE_, SAME_(0, 3)}},
+     {"v", 0, 0, 1, SDPA__DT_FLOAT, {SAME_(1, 0), SAME_(1, 1), SAME_(1, 2), FREE_}},
+     {"out", 1, 0, 1, SDPA__DT_FLOAT, {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), SAME_(2, 3)}},
+     {"lse", 1, 1, 0, SDPA__DT(SDPA_F32), {SAME_(0, 0), SAME_(0, 1), SAME_(0, 2), ONE_}}}};
+
+/* An int32 array of n entries: aligned, and apart from the outputs. */
+static sdpa_status check_index_array(sdpa_ctx *ctx, const char *name, const int32_t *a, int64_t n,
+                                     const sdpa_tensor *out, const sdpa_tensor *lse) {
+    if ((uintptr_t)a % sizeof(int32_t) != 0)
+        return sdpa__fail(ctx, SDPA_ERR_PARAM, "%s=%p is not aligned to 4-byte integers", name,
+                          (const void *)a);
+    const span in = {(uintptr_t)a, (uintptr_t)a + (uintptr_t)n * sizeof(int32_t) - 1};
+    const char *const names[1] = {name};
+    span o;
+    sdpa_status st;
+    /* the outputs' spans were taken by sdpa__validate: taking them again cannot fail */
+    if ((st = check_span(ctx, "out", out, &o)) != SDPA_OK ||
+        (st = check_apart(ctx, "out", &o, &in, names, 1)) != SDPA_OK)
+        return st;
+    if (lse != NULL && ((st = check_span(ctx, "lse", lse, &o)) != SDPA_OK ||
+                        (st = check_apart(ctx, "lse", &o, &in, names, 1)) != SDPA_OK))
+        return st;
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__check_forward_kv(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_kv_cache *cache,
+                                   const sdpa_params *params, const sdpa_tensor *out,
+                                   const sdpa_tensor *lse, sdpa__problem *p) {
+    if (cache == NULL)
+        return sdpa__fail(ctx, SDPA_ERR_NULL, "cache is NULL");
+    const int paged = cache->block_table != NULL;
+    if (paged && cache->max_pages < 1)
+        return sdpa__fail(ctx, SDPA_ERR_PARAM,
+                          "cache.max_pages=%lld must be >= 1 with a block table",
+                          (long long)cache->max_pages);
+    const sdpa_tensor *const t[5] = {q, cache->k, cache->v, out, lse};
+    sdpa_status st = sdpa__validate(ctx, paged ? &sdpa__sig_forward_paged : &sdpa__sig_forward, t,
+                                    params, paged ? cache->max_pages : 0, p);
+    if (st != SDPA_OK)
+        return st;
+    if (p->dropout_p > 0.0)
+        return sdpa__fail(ctx, SDPA_ERR_PARAM,
+                          "params.dropout_p=%g: sdpa_forward_kv has no dropout (it serves "
+                          "inference); use sdpa_forward",
+                          p->dropout_p);
+    const int64_t B = p->B, n_pages = paged ? cache->k->shape[0] : 0;
+    if (paged && (uint64_t)B > (uint64_t)(SDPA_MAX_EXTENT / cache->max_pages))
+        return sdpa__fail(ctx, SDPA_ERR_OVERFLOW,
+                          "cache.block_table of B=%lld x max_pages=%lld entries is too large",
+                          (long long)B, (long long)cache->max_pages);
+    if (cache->seqlens_q != NULL &&
+        (st = check_index_array(ctx, "cache.seqlens_q", cache->seqlens_q, B, out, lse)) != SDPA_OK)
+        return st;
+    if (cache->seqlens_k != NULL &&
+        (st = check_index_array(ctx, "cache.seqlens_k", cache->seqlens_k, B, out, lse)) != SDPA_OK)
+        return st;
+    if (paged && (st = check_index_array(ctx, "cache.block_table", cache->block_table,
+                                         B * cache->max_pages, out, lse)) != SDPA_OK)
+        return st;
+    for (int64_t b = 0; b < B; b++) {
+        if (cache->seqlens_q != NULL && (cache->seqlens_q[b] < 0 || cache->seqlens_q[b] > p->Lq))
+            return sdpa__fail(ctx, SDPA_ERR_INDEX,
+                              "cache.seqlens_q[%lld]=%ld is outside [0, Lq=%lld]", (long long)b,
+                              (long)cache->seqlens_q[b], (long long)p->Lq);
+        if (cache->seqlens_k != NULL && (cache->seqlens_k[b] < 0 || cache->seqlens_k[b] > p->Lk))
+            return sdpa__fail(ctx, SDPA_ERR_INDEX,
+                              "cache.seqlens_k[%lld]=%ld is outside [0, %lld], the %s",
+                              (long long)b, (long)cache->seqlens_k[b], (long long)p->Lk,
+                              paged ? "pages' capacity max_pages x page size" : "k.shape[2]");
+        if (!paged)
+            continue;
+        const int64_t lk = cache->seqlens_k != NULL ? cache->seqlens_k[b] : p->Lk;
+        const int64_t used = (lk + p->page_size - 1) / p->page_size;
+        for (int64_t e = 0; e < used; e++) {
+            const int32_t page = cache->block_table[b * cache->max_pages + e];
+            if (page < 0 || page >= n_pages)
+                return sdpa__fail(ctx, SDPA_ERR_INDEX,
+                                  "cache.block_table[%lld][%lld]=%ld is outside [0, n_pages=%lld) "
+                                  "(sequence %lld has %lld keys: pages 0..%lld are read)",
+                                  (long long)b, (long long)e, (long)page, (long long)n_pages,
+                                  (long long)b, (long long)lk, (long long)(used - 1));
+        }
+    }
+    p->seqlens_q = cache->seqlens_q;
+    p->seqlens_k = cache->seqlens_k;
+    p->block_table = cache->block_table;
+    return SDPA_OK;
 }
 
 /* ---- sdpa_merge ----------------------------------------------------------------------------

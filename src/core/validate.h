@@ -57,10 +57,17 @@ extern const sdpa__signature sdpa__sig_weights; /* q, k, weights */
 extern const sdpa__signature sdpa__sig_backward;
 
 /* Validates the tensors t[n] (one per role of sig; NULL where a role is optional and absent)
- * and params (NULL = defaults), and fills *p. */
+ * and params (NULL = defaults), and fills *p. max_pages > 0: k and v are pools of pages
+ * (sdpa_forward_kv), and Lk is max_pages times their page size. */
 sdpa_status sdpa__validate(sdpa_ctx *ctx, const sdpa__signature *sig, const sdpa_tensor *const *t,
-                           const sdpa_params *params, sdpa__problem *p);
+                           const sdpa_params *params, int64_t max_pages, sdpa__problem *p);
 
+/* sdpa_forward_kv's arguments: the forward's, with the cache's k and v (pools of pages when
+ * it has a block table), then its lengths and every block-table entry the lengths make read
+ * (SDPA_ERR_INDEX). Fills the problem's cache fields. */
+sdpa_status sdpa__check_forward_kv(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_kv_cache *cache,
+                                   const sdpa_params *params, const sdpa_tensor *out,
+                                   const sdpa_tensor *lse, sdpa__problem *p);
 
 /* The forward's and the weights' argument lists, through sdpa__validate. */
 sdpa_status sdpa__check_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,

@@ -15,7 +15,9 @@ sdpa_status sdpa__ref_forward(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor
 
 /* Row i of (batch b, query head h) of sdpa__ref_forward, into out and (when not NULL) lse,
  * with caller-owned scratch: q_i (Dk doubles), s (Lk doubles), o_i (Dv doubles). For fast
- * paths that hand it the rows they cannot compute exactly (flash.c: accumulator overflow). */
+ * paths that hand it the rows they cannot compute exactly (flash.c: accumulator overflow).
+ * With ragged lengths p is sequence b's own problem (sdpa__seq), and a row i >= p->Lq (a
+ * query the sequence does not have) is written as a fully masked one. */
 void sdpa__ref_forward_row(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, double *q_i,
                            double *s, double *o_i, sdpa_tensor *out, sdpa_tensor *lse);
 
@@ -47,6 +49,12 @@ typedef enum sdpa__row_kind {
  * (softcap's sech^2(x / c), else 1); the backward needs it. */
 sdpa__row_kind sdpa__ref_row_scores(const sdpa__problem *p, int64_t b, int64_t h, int64_t i,
                                     double *q_i, double *s, double *dsdx, double *m);
+
+/* The softmax denominator of row scores s of query head h (an SDPA__ROW_OK row over the
+ * problem's Lk keys, -inf for hidden ones) with *m their largest: sum_j exp(s_j - *m), summed in
+ * key order, and with an attention sink sigma_h (problem.sinks) also exp(sigma_h - *m), *m
+ * first raised to sigma_h where the sink is above every score. */
+double sdpa__ref_row_sum(const sdpa__problem *p, int64_t h, const double *s, double *m);
 
 /* Dropout's factor z_ij of weight (b, h, i, j): 1 when dropout is off, else 1 / (1 - p) for a
  * kept weight and 0 for a dropped one (philox.h makes the decision). */

@@ -124,11 +124,7 @@ static void row_backward(const sdpa__problem *p, const sdpa_tensor *dout, sdpa_t
     }
 
     // forward (F3)-(F4): P_ij, NaN for every visible key of a NaN row; z_ij
-    double sum = 0.0;
-    if (kind == SDPA__ROW_OK)
-        for (int64_t j = 0; j < Lk; j++)
-            if (w->s[j] != -INFINITY)
-                sum += exp(w->s[j] - m);
+    const double sum = kind == SDPA__ROW_OK ? sdpa__ref_row_sum(p, h, w->s, &m) : 0.0;
     for (int64_t j = 0; j < Lk; j++) {
         w->prob[j] = 0.0;
         w->z[j] = 0.0;

@@ -62,10 +62,10 @@ sdpa__row_kind sdpa__ref_row_scores(const sdpa__problem *p, int64_t b, int64_t h
                 bias = (double)mv;
         }
         /* s_ij = softcap(scale * q_i . k_j) + alibi_ij + mask_ij */
+        const int64_t k_j = sdpa__kv_offset(p, &p->k, b, hk, j);
         double dot = 0.0;
         for (int64_t d = 0; d < p->Dk; d++)
-            dot += q_i[d] *
-                   (double)sdpa__load(p->k.data, p->k.dtype, sdpa__offset(&p->k, b, hk, j, d));
+            dot += q_i[d] * (double)sdpa__load(p->k.data, p->k.dtype, k_j + d * p->k.stride[3]);
         double x = f32_range(p->scale * f32_range(dot));
         if (dsdx != NULL)
             dsdx[j] = 1.0;
@@ -95,6 +95,17 @@ sdpa__row_kind sdpa__ref_row_scores(const sdpa__problem *p, int64_t b, int64_t h
     return *m == -INFINITY ? SDPA__ROW_EMPTY : SDPA__ROW_OK;
 }
 
+double sdpa__ref_row_sum(const sdpa__problem *p, int64_t h, const double *s, double *m) {
+    const double sink = p->sinks != NULL ? (double)p->sinks[h] : -INFINITY;
+    if (sink > *m)
+        *m = sink;
+    double sum = 0.0;
+    for (int64_t j = 0; j < p->Lk; j++)
+        if (s[j] != -INFINITY)
+            sum += exp(s[j] - *m);
+    return sink == -INFINITY ? sum : sum + exp(sink - *m);
+}
+
 double sdpa__ref_dropout(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
     if (!(p->dropout_p > 0.0))
         return 1.0;
@@ -106,14 +117,16 @@ double sdpa__ref_dropout(const sdpa__problem *p, int64_t b, int64_t h, int64_t i
 void sdpa__ref_forward_row(const sdpa__problem *p, int64_t b, int64_t h, int64_t i, double *q_i,
                            double *s, double *o_i, sdpa_tensor *out, sdpa_tensor *lse) {
     const int64_t hk = h / p->group;
-    // pass 1: scores and their maximum
-    double m;
-    const sdpa__row_kind kind = sdpa__ref_row_scores(p, b, h, i, q_i, s, NULL, &m);
+    // pass 1: scores and their maximum (a query the sequence does not have sees nothing)
+    double m = -INFINITY;
+    const sdpa__row_kind kind =
+        i < p->Lq ? sdpa__ref_row_scores(p, b, h, i, q_i, s, NULL, &m) : SDPA__ROW_EMPTY;
 
-    // pass 2: o_i = sum_j z_ij exp(s_ij - m) v_j / sum_j exp(s_ij - m), z_ij the dropout
-    // factor (1 without dropout, where the product is skipped to leave the bits as they were)
+    // pass 2: o_i = sum_j z_ij exp(s_ij - m) v_j / sum, z_ij the dropout factor (1 without
+    // dropout, where the product is skipped to leave the bits as they were), and sum the
+    // softmax's denominator (with the sink's term)
     const int dropout = p->dropout_p > 0.0;
-    double sum = 0.0;
+    const double sum = kind == SDPA__ROW_OK ? sdpa__ref_row_sum(p, h, s, &m) : 0.0;
     for (int64_t d = 0; d < p->Dv; d++)
         o_i[d] = 0.0;
     if (kind == SDPA__ROW_OK) {
@@ -121,20 +134,21 @@ void sdpa__ref_forward_row(const sdpa__problem *p, int64_t b, int64_t h, int64_t
             if (s[j] == -INFINITY)
                 continue; /* hidden keys never touch V: NaN there stays out */
             const double e = exp(s[j] - m);
-            sum += e;
             const double w = dropout ? e * sdpa__ref_dropout(p, b, h, i, j) : e;
+            const int64_t v_j = sdpa__kv_offset(p, &p->v, b, hk, j);
             for (int64_t d = 0; d < p->Dv; d++)
-                o_i[d] +=
-                    w * (double)sdpa__load(p->v.data, p->v.dtype, sdpa__offset(&p->v, b, hk, j, d));
+                o_i[d] += w * (double)sdpa__load(p->v.data, p->v.dtype, v_j + d * p->v.stride[3]);
         }
     }
 
-    // pass 3: normalise, round once, store
+    // pass 3: normalise, round once, store; an empty row's LSE is its sink's (or -inf)
     double row_lse;
     if (kind == SDPA__ROW_OK)
         row_lse = m + log(sum);
+    else if (kind == SDPA__ROW_EMPTY)
+        row_lse = p->sinks != NULL ? (double)p->sinks[h] : -INFINITY;
     else
-        row_lse = kind == SDPA__ROW_EMPTY ? -INFINITY : NAN;
+        row_lse = NAN;
     for (int64_t d = 0; d < p->Dv; d++) {
         double o = 0.0;
         if (kind == SDPA__ROW_OK)
@@ -159,10 +173,13 @@ sdpa_status sdpa__ref_forward(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "reference forward: no memory for %lld scores",
                           (long long)p->Lk);
     }
-    for (int64_t b = 0; b < p->B; b++)
+    for (int64_t b = 0; b < p->B; b++) {
+        sdpa__problem tmp;
+        const sdpa__problem *seq = sdpa__seq(p, b, &tmp);
         for (int64_t h = 0; h < p->Hq; h++)
             for (int64_t i = 0; i < p->Lq; i++)
-                sdpa__ref_forward_row(p, b, h, i, q_i, s, o_i, out, lse);
+                sdpa__ref_forward_row(seq, b, h, i, q_i, s, o_i, out, lse);
+    }
     sdpa__free(ctx, q_i);
     sdpa__free(ctx, s);
     sdpa__free(ctx, o_i);
@@ -186,12 +203,8 @@ sdpa_status sdpa__ref_weights(sdpa_ctx *ctx, const sdpa__problem *p, sdpa_tensor
                 double m;
                 const sdpa__row_kind kind = sdpa__ref_row_scores(p, b, h, i, q_i, s, NULL, &m);
 
-                // pass 2: the normaliser
-                double sum = 0.0;
-                if (kind == SDPA__ROW_OK)
-                    for (int64_t j = 0; j < p->Lk; j++)
-                        if (s[j] != -INFINITY)
-                            sum += exp(s[j] - m);
+                // pass 2: the normaliser (with the sink's term)
+                const double sum = kind == SDPA__ROW_OK ? sdpa__ref_row_sum(p, h, s, &m) : 0.0;
 
                 // pass 3: p_ij = exp(s_ij - m) / sum; hidden keys 0; a NaN row is NaN where
                 // it can see. Before dropout, whatever the problem's dropout_p (see the top).

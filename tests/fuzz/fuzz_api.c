@@ -35,7 +35,12 @@
  *     written; on OK, dq, dk and dv pass the rule against the reference backward with a
  *     first-order bound of f32 rounding per element, rows that see no key have dq = 0 and
  *     keys no row sees dk = dv = 0, and a second call and another thread count give the
- *     same bytes.
+ *     same bytes;
+ *   - sdpa_forward_kv on the same q, out and lse, with k and v as a ragged plain cache or a
+ *     pool of pages (fuzz_api_kv.c), where sdpa_forward accepted the case and the input has
+ *     bytes left for it: invalid lengths and block-table entries refused with their status and
+ *     message, outputs untouched; on OK each sequence by the rule against the golden of its
+ *     own slices, rows past its queries 0, the same bytes on another thread count.
  *
  * Build and run: tests/fuzz/run_fuzz.sh api. The committed corpus (tests/fuzz/corpus/api) is
  * replayed by tests/fuzz/replay.c as the CTest test fuzz_replay_api.
@@ -143,6 +148,22 @@ static void print_case(const fz_case *c) {
                 : c->lse_odd == 2 ? "viewed as bf16"
                 : c->lse_odd == 3 ? "shape[3] = 2"
                                   : "shape[2] = Lq + 1");
+    if (c->kv) {
+        fprintf(stderr,
+                "  sdpa_forward_kv: page %lld (0: plain)%s, %d spare pages, %d more entries, "
+                "seed %u, seqlens_k%s",
+                (long long)c->kv_page, c->kv_blhd ? " (n_pages, page, Hkv, D)" : "", c->kv_spare,
+                c->kv_more, (unsigned)c->kv_seed, c->kv_no_sk ? " NULL" : "");
+        for (int64_t b = 0; b < c->B && !c->kv_no_sk; b++)
+            fprintf(stderr, " %ld", (long)c->kv_sk[b]);
+        fprintf(stderr, ", seqlens_q%s", c->kv_no_sq ? " NULL" : "");
+        for (int64_t b = 0; b < c->B && !c->kv_no_sq; b++)
+            fprintf(stderr, " %ld", (long)c->kv_sq[b]);
+        fprintf(stderr, ", invalid %d at %u, sinks", c->kv_bad, c->kv_bad_at);
+        for (int64_t h = 0; h < c->Hq && c->kv_sinks; h++)
+            fprintf(stderr, " %g", (double)c->kv_sink[h]);
+        fprintf(stderr, "%s (%zu bytes of the input)\n", c->kv_sinks ? "" : " none", c->kv_bytes);
+    }
     fprintf(stderr,
             "  invalid on purpose: common %d params %d forward %d weights %d out-as-output %d "
             "backward %d:",
@@ -236,6 +257,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(g_lse);
     fz_check_backward(c, ctx, get_ctx(c->isa, c->t2), st == SDPA_OK);
     fz_check_snapshot(c, &snap, "sdpa_backward");
+    if (st == SDPA_OK && c->kv)
+        fz_check_kv(c, ctx, get_ctx(c->isa, c->t2));
     fz_free_snapshot(&snap);
     fz_free_case(c);
     current = NULL;

@@ -9,7 +9,8 @@
  *   fuzz_api_check.c    the oracle: statuses, untouched inputs, the rule against the golden,
  *                       determinism, the attention weights;
  *   fuzz_api_backward.c the backward's oracle: sdpa_backward's statuses, untouched outputs and
- *                       inputs, dq, dk, dv against the reference backward, the same bytes again.
+ *                       inputs, dq, dk, dv against the reference backward, the same bytes again;
+ *   fuzz_api_kv.c       sdpa_forward_kv on the case's tensors as a ragged or paged KV cache.
  * A change to the draw changes what every file of tests/fuzz/corpus/api means.
  */
 #ifndef SDPA_FUZZ_API_H
@@ -132,6 +133,21 @@ typedef struct fz_case {
     int lse_odd;         /* the lse passed to the backward: 1 f16, 2 bf16, 3 shape[3] = 2,
                           * 4 shape[2] = Lq + 1 (a view of the right one) */
     size_t bwd_bytes;    /* input bytes the backward's draw took */
+    /* the KV-cache call (issue 13; draw_kv, drawn last, and fuzz_api_kv.c): sdpa_forward_kv on
+     * the case's q, out and lse, with its k and v as a plain cache of ragged lengths or
+     * scattered into a pool of pages, where sdpa_forward accepted the case */
+    int kv;
+    int64_t kv_page;            /* 0: the plain layout (no block table); else the page size */
+    int kv_blhd;                /* the pool in (n_pages, page, Hkv, D) order */
+    int kv_spare, kv_more;      /* spare pages in the pool; extra block-table entries */
+    int kv_no_sk, kv_no_sq;     /* seqlens_k / seqlens_q passed as NULL */
+    int32_t kv_sk[4], kv_sq[4]; /* the lengths (B <= 3) */
+    int kv_sinks;               /* params.sinks = kv_sink */
+    float kv_sink[16];          /* Hq <= 13 */
+    int kv_bad;                 /* 0, or the length or entry made invalid (fuzz_api_kv.c) */
+    unsigned kv_bad_at;
+    uint32_t kv_seed; /* the pool's order and the unused entries' values */
+    size_t kv_bytes;  /* input bytes the KV draw took */
 } fz_case;
 
 /* ---- fuzz_api.c ---- */
@@ -216,6 +232,22 @@ const sdpa_params *fz_params(const fz_case *c);
 const sdpa_params *fz_bwd_params(const fz_case *c, sdpa_params *tmp);
 /* Dropout's largest factor 1 / (1 - p), 1 without dropout. */
 double fz_zmax(const fz_case *c);
+
+/* The rule of docs/testing.md as the forward's check reads it (rule_ok in fuzz_api_check.c),
+ * and its bounds of f32 noise for O and LSE, for the KV call's check. */
+int fz_rule_ok(const char *what, const double *test, const double *lp, const double *golden,
+               size_t n, sdpa_dtype dt, double k, double noise, const unsigned char *ill,
+               size_t row_len);
+void fz_f32_noise(const fz_case *c, double *out, double *lse);
+
+/* ---- fuzz_api_kv.c ---- */
+
+/* sdpa_forward_kv on the case (c->kv, after sdpa_forward accepted it): the plain cache or the
+ * pool of pages built from k and v, the lengths and block table drawn, sometimes one made
+ * invalid (its status and message, outputs untouched); on success, each sequence against the
+ * golden of its own slices by the rule, rows past its queries 0 with LSE -inf or the sink,
+ * and the same bytes from another thread count. */
+void fz_check_kv(fz_case *c, sdpa_ctx *ctx, sdpa_ctx *ctx2);
 
 /* ---- fuzz_api_backward.c ---- */
 

@@ -426,3 +426,13 @@ void fz_check_weights(fz_case *c, sdpa_ctx *ctx, const double *g_lse) {
                                  (long long)h, (long long)i, sum);
             }
 }
+
+int fz_rule_ok(const char *what, const double *test, const double *lp, const double *golden,
+               size_t n, sdpa_dtype dt, double k, double noise, const unsigned char *ill,
+               size_t row_len) {
+    return rule_ok(what, test, lp, golden, n, dt, k, noise, ill, row_len);
+}
+
+void fz_f32_noise(const fz_case *c, double *out, double *lse) {
+    f32_noise(c, out, lse);
+}

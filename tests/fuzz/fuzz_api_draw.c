@@ -768,6 +768,51 @@ static void draw_backward(fz_case *c, fz_src *s, tu_rng *rng) {
     c->bwd_bytes = before - (size_t)(s->tail - s->head);
 }
 
+/* ---- the KV cache (issue 13) ------------------------------------------------------------- */
+
+/* How sdpa_forward_kv is called on the case (fuzz_api_kv.c), drawn after everything else, so
+ * that an input found before keeps its meaning; one that is used up (take gives 0) makes no
+ * KV call. Three times in four otherwise: a page size (0: the plain layout; 1, 2, 5, 16, 64,
+ * 256), the pool's order, spare pages and extra block-table entries, the lengths (seqlens_k in
+ * [0, Lk], seqlens_q in [0, Lq], each full one time in 4; NULL one time in 4), one time in 4
+ * sinks (-8..8, -inf one time in 256; only with params), and one time in 16 a length or an
+ * entry made invalid, or an entry no length reads made out of range (which is valid). */
+static void draw_kv(fz_case *c, fz_src *s) {
+    const size_t before = (size_t)(s->tail - s->head);
+    const unsigned x = take(s);
+    if (x % 4 != 0 && c->B <= 3 && c->Hq <= 16) {
+        static const int64_t pages[8] = {0, 0, 1, 2, 5, 16, 64, 256};
+        c->kv = 1;
+        c->kv_page = pages[x >> 2 & 7u];
+        c->kv_blhd = x >> 5 & 1u;
+        c->kv_no_sk = (x >> 6) == 3;
+        const unsigned y = take(s);
+        c->kv_spare = (int)(y & 3u);
+        c->kv_more = y >> 2 & 1u;
+        c->kv_no_sq = (y >> 3 & 3u) == 3;
+        for (int64_t b = 0; b < c->B; b++) {
+            const unsigned u = take(s), w = take(s);
+            c->kv_sk[b] = (int32_t)(u >= 192 ? c->Lk : (int64_t)u % (c->Lk + 1));
+            c->kv_sq[b] = (int32_t)(w >= 192 ? c->Lq : (int64_t)w % (c->Lq + 1));
+        }
+        const unsigned z = take(s);
+        if (z % 4 == 3 && !c->params_null) {
+            c->kv_sinks = 1;
+            for (int64_t h = 0; h < c->Hq; h++) {
+                const unsigned w = take(s);
+                c->kv_sink[h] = w == 255 ? -INFINITY : ((float)w - 128.0f) / 16.0f;
+            }
+        }
+        const unsigned bad = take(s);
+        if (bad % 16 == 15) {
+            c->kv_bad = 1 + (int)((bad >> 4) % 7);
+            c->kv_bad_at = take(s);
+        }
+        c->kv_seed = take16(s);
+    }
+    c->kv_bytes = before - (size_t)(s->tail - s->head);
+}
+
 void fz_draw_case(fz_case *c, const uint8_t *data, size_t size, int best_isa) {
     fz_src src = {data, data + size};
     fz_src *s = &src;
@@ -802,6 +847,7 @@ void fz_draw_case(fz_case *c, const uint8_t *data, size_t size, int best_isa) {
         c->mask.used = 0;
     }
     draw_backward(c, s, &rng);
+    draw_kv(c, s);
 }
 
 void fz_free_case(fz_case *c) {
