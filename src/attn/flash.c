@@ -298,10 +298,13 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             if (rows <= SDPA__FEW_ROWS) {
                 prefetch_rows(p, &p->v, b, hk, js, nk, p->Dv);
                 /* K widened into kpack is read there, where qk_few's own requests ahead
-                 * land: the next slice's K rows are asked for here instead */
-                if (!pl->k_direct && !k_half && js + nk < jhi)
-                    prefetch_rows(p, &p->k, b, hk, js + nk, jhi - js - nk < nk ? jhi - js - nk : nk,
-                                  p->Dk);
+                 * land, and a paged cache's next slice is on another page, where they do
+                 * not reach: the next slice's K rows are asked for here instead */
+                const int64_t next = jhi - js - nk < nk ? jhi - js - nk : nk;
+                if (((!pl->k_direct && !k_half) || p->block_table != NULL) && next > 0)
+                    prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
+                if (p->block_table != NULL && next > 0)
+                    prefetch_rows(p, &p->v, b, hk, js + nk, next, p->Dv);
             }
             if (k_half) {
                 uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),
