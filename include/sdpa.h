@@ -335,8 +335,7 @@ typedef struct sdpa_params {
  * same (seed, offset) draws the same mask in sdpa_forward and sdpa_backward, on every kernel
  * and thread count; a dropped key is still visible (it counts in the LSE, which dropout does
  * not change, and 0 * NaN in its V is NaN, as in PyTorch). sdpa_weights returns p_ij before
- * dropout. The tiled forward does not draw masks yet: a forward with dropout runs on the
- * reference, exact but slow (the tiled backward draws them itself).
+ * dropout. The tiled forward and backward draw the masks themselves, tile by tile.
  *
  * Shapes. mask: broadcastable to (B, Hq, Lq, Lk) — each extent equal or 1 (an extent of 1
  * is broadcast whatever its stride). Query head h reads key/value head h / (Hq / Hkv)

@@ -6,8 +6,8 @@
  * h, i, j) to key and counter pinned, so a fast kernel that draws other bits fails here; the
  * threshold rule and its rounding; keep rates over 2^20 elements within 5 sigma (overall, per
  * lane of a Philox call, for neighbouring pairs); fresh masks for fresh offsets and seeds;
- * the same mask for the same inputs. The gradients of the dropped forward are checked in
- * test_ref_backward.c.
+ * the same mask for the same inputs; the tiled forward with dropout at every level against
+ * the reference. The gradients of the dropped forward are checked in test_ref_backward.c.
  */
 #include "check.h"
 #include "testutil.h"
@@ -229,8 +229,164 @@ static void test_dropout_forward(void) {
     tu_free(&o2);
 }
 
+/* The same-precision baseline with dropout (testing.md): per row, the scores in f32 (an f32
+ * dot product, then the scale), the softmax in f32 over the visible keys, each weight times
+ * dropout's factor, and O summed in f32. Causal (top-left) or none; no mask. */
+static void naive_dropout_f32(const tu_problem *pb, double *out) {
+    const sdpa_tensor *q = &pb->q.t, *k = &pb->k.t, *v = &pb->v.t;
+    const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], Dk = q->shape[3];
+    const int64_t Hkv = k->shape[1], Lk = k->shape[2], Dv = v->shape[3];
+    const float scale = pb->p.scale != 0.0f ? pb->p.scale : (float)(1.0 / sqrt((double)Dk));
+    float *w = malloc((size_t)Lk * sizeof *w);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < Hq; h++)
+            for (int64_t i = 0; i < Lq; i++) {
+                const int64_t hk = h / (Hq / Hkv), last = pb->p.causal ? i : Lk - 1;
+                float m = -INFINITY, sum = 0.0f;
+                for (int64_t j = 0; j <= last && j < Lk; j++) {
+                    float dot = 0.0f;
+                    for (int64_t c = 0; c < Dk; c++)
+                        dot += (float)tu_get(q, b, h, i, c) * (float)tu_get(k, b, hk, j, c);
+                    w[j] = scale * dot;
+                    m = w[j] > m ? w[j] : m;
+                }
+                for (int64_t j = 0; j <= last && j < Lk; j++) {
+                    w[j] = expf(w[j] - m);
+                    sum += w[j];
+                }
+                for (int64_t c = 0; c < Dv; c++) {
+                    float o = 0.0f;
+                    for (int64_t j = 0; j <= last && j < Lk; j++) {
+                        const int keep =
+                            sdpa__dropout_keep(pb->p.dropout_seed, pb->p.dropout_offset, b, h, i, j,
+                                               (double)pb->p.dropout_p);
+                        const float z =
+                            keep ? (float)(1.0 / (1.0 - (double)pb->p.dropout_p)) : 0.0f;
+                        o += z * (w[j] / sum) * (float)tu_get(v, b, hk, j, c);
+                    }
+                    out[((b * Hq + h) * Lq + i) * Dv + c] = (double)o;
+                }
+            }
+    free(w);
+}
+
+/* The tiled forward draws the masks itself: at every level it passes the rule against the
+ * reference (the golden, which draws the same masks) with the f32 baseline above, gives the
+ * same bytes for any thread count and on repeated calls, leaves the LSE as without dropout,
+ * and a NaN in the V of a key that a row sees but drops still makes that column NaN there
+ * (0 x NaN, as PyTorch), also on the careful path (a slice with a hidden key). */
+static void test_tiled_forward_dropout(void) {
+    static const struct {
+        tu_dims d;
+        int causal;
+        float p;
+    } cases[] = {{{1, 2, 2, 70, 70, 16, 16}, 0, 0.2f},
+                 {{2, 4, 2, 33, 150, 24, 8}, 0, 0.5f},
+                 {{1, 3, 1, 129, 129, 32, 32}, 1, 0.3f},
+                 {{1, 2, 2, 1, 700, 64, 64}, 0, 0.1f}};
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
+        tu_rng r = {77 + n};
+        tu_problem pb = tu_problem_new(cases[n].d, &r);
+        pb.p.causal = cases[n].causal;
+        pb.p.dropout_p = cases[n].p;
+        pb.p.dropout_seed = 1234 + n;
+        pb.p.dropout_offset = 5;
+        const tu_dims d = cases[n].d;
+        const size_t n_out = (size_t)(d.B * d.Hq * d.Lq * d.Dv),
+                     n_lse = (size_t)(d.B * d.Hq * d.Lq);
+        tu_tensor go = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, d.Dv, TU_BHLD, 0, 0);
+        tu_tensor gl = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, 1, TU_BHLD, 0, 0);
+        tu_tensor o2 = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, d.Dv, TU_BHLD, 0, 0);
+        sdpa_ctx *ref = tu_ctx(1, SDPA_ISA_AUTO);
+        CHECK_INT_EQ(tu_golden_forward(ref, &pb.q.t, &pb.k.t, &pb.v.t, &pb.p, &go.t, &gl.t),
+                     SDPA_OK);
+        sdpa_ctx_destroy(ref);
+        double *golden = tu_to_doubles(&go.t), *golden_lse = tu_to_doubles(&gl.t);
+        double *lp = malloc(n_out * sizeof *lp);
+        naive_dropout_f32(&pb, lp);
+        for (int t = 0; t < n_impls; t++) {
+            if (!impls[t].runs) {
+                printf("    [%s] skipped: the CPU lacks %s\n", impls[t].name, impls[t].missing);
+                continue;
+            }
+            sdpa_ctx *ctx = tu_ctx(2, impls[t].level);
+            CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
+            CHECK_MSG(strcmp(sdpa_ctx_kernel(ctx), impls[t].name) == 0, "ran %s, not %s",
+                      sdpa_ctx_kernel(ctx), impls[t].name);
+            double *got = tu_to_doubles(&pb.o.t), *got_lse = tu_to_doubles(&pb.lse.t);
+            char what[96];
+            snprintf(what, sizeof what, "dropout %.1f case %zu [%s] out", (double)cases[n].p, n,
+                     impls[t].name);
+            CHECK(tu_rule(what, got, lp, golden, n_out, SDPA_F32, 3.0, 0.0));
+            double worst = 0.0;
+            for (size_t x = 0; x < n_lse; x++)
+                worst = fmax(worst, fabs(got_lse[x] - golden_lse[x]));
+            CHECK_MSG(worst <= 1e-5, "[%s] lse differs from the reference's by %g", impls[t].name,
+                      worst);
+            for (int threads = 1; threads <= 7; threads += 3) {
+                sdpa_ctx *c2 = tu_ctx(threads, impls[t].level);
+                CHECK_INT_EQ(sdpa_forward(c2, &pb.q.t, &pb.k.t, &pb.v.t, &pb.p, &o2.t, NULL),
+                             SDPA_OK);
+                CHECK_MSG(memcmp(o2.buf, pb.o.buf, o2.bytes) == 0, "[%s] %d threads differ from 2",
+                          impls[t].name, threads);
+                sdpa_ctx_destroy(c2);
+            }
+            free(got);
+            free(got_lse);
+            sdpa_ctx_destroy(ctx);
+        }
+        free(golden);
+        free(golden_lse);
+        free(lp);
+        tu_free(&go);
+        tu_free(&gl);
+        tu_free(&o2);
+        tu_problem_free(&pb);
+    }
+
+    /* a dropped key with NaN in its V: the rows that see it are NaN in that column, as in the
+     * reference, with and without a hidden key in its slice (causal: rows below it hide it) */
+    for (int causal = 0; causal <= 1; causal++) {
+        tu_rng r = {5};
+        tu_problem pb = tu_problem_new((tu_dims){1, 1, 1, 40, 40, 8, 8}, &r);
+        pb.p.causal = causal;
+        pb.p.dropout_p = 0.5f;
+        pb.p.dropout_seed = 3;
+        int64_t jd = -1; /* a key dropped for row 39, which sees every key */
+        for (int64_t j = 5; j < 40 && jd < 0; j++)
+            if (!sdpa__dropout_keep(3, 0, 0, 0, 39, j, 0.5))
+                jd = j;
+        CHECK(jd >= 0);
+        tu_set(&pb.v.t, 0, 0, jd, 2, NAN);
+        tu_tensor go = tu_alloc(SDPA_F32, 1, 1, 40, 8, TU_BHLD, 0, 0);
+        sdpa_ctx *ref = tu_ctx(1, SDPA_ISA_AUTO);
+        CHECK_INT_EQ(tu_golden_forward(ref, &pb.q.t, &pb.k.t, &pb.v.t, &pb.p, &go.t, NULL),
+                     SDPA_OK);
+        sdpa_ctx_destroy(ref);
+        for (int t = 0; t < n_impls; t++) {
+            if (!impls[t].runs)
+                continue;
+            sdpa_ctx *ctx = tu_ctx(1, impls[t].level);
+            CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
+            int wrong = 0;
+            for (int64_t i = 0; i < 40; i++)
+                for (int64_t c = 0; c < 8; c++)
+                    wrong += isnan(tu_get(&pb.o.t, 0, 0, i, c)) != isnan(tu_get(&go.t, 0, 0, i, c));
+            CHECK_MSG(wrong == 0 && isnan(tu_get(&pb.o.t, 0, 0, 39, 2)),
+                      "[%s] causal=%d: %d NaN positions differ from the reference", impls[t].name,
+                      causal, wrong);
+            sdpa_ctx_destroy(ctx);
+        }
+        tu_free(&go);
+        tu_problem_free(&pb);
+    }
+}
+
 int main(int argc, char **argv) {
     return CHECK_RUN(argc, argv, CASE(test_philox_kat), CASE(test_dropout_mapping),
                      CASE(test_dropout_threshold), CASE(test_dropout_rates),
-                     CASE(test_dropout_offsets), CASE(test_dropout_forward));
+                     CASE(test_dropout_offsets), CASE(test_dropout_forward),
+                     CASE(test_tiled_forward_dropout));
 }

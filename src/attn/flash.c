@@ -34,6 +34,7 @@
 #include "flash.h"
 
 #include "../core/half.h"
+#include "../core/philox.h"
 #include "../core/services.h"
 #include "../ref/ref.h"
 #include "merge.h"
@@ -72,6 +73,10 @@ typedef struct flash_plan {
     int k_half, v_half;     /* K (V) is f16 or bf16 with unit feature stride: few-row tasks
                              * read it in place (qk_few_half, pv_few_half) */
     int needs_post;         /* softcap, ALiBi or a mask: every tile is post-processed */
+    int dropout;            /* the problem drops weights (philox.h) */
+    float keep_scale;       /* 1 / (1 - p): a kept weight's factor */
+    uint64_t threshold;     /* keep iff the draw is below it */
+    uint32_t key[2];        /* Philox's key from the seed and offset */
     atomic_int *overflowed; /* set by a task whose accumulator reached +-inf (see the end) */
     size_t per_worker;      /* bytes of scratch per worker */
     char *scratch;
@@ -209,6 +214,39 @@ static void post_process(const flash_plan *pl, const sdpa__problem *p, int64_t b
     }
 }
 
+/* Dropout on the weights of keys js.. of rows [r0, r1) (s[jj * rp + r]), drawn from the global
+ * indices (b, h, i, j), four keys per Philox call: a kept weight is multiplied by 1 / (1 - p),
+ * a dropped one becomes +0 (a hidden key's -0.0 stays -0.0). The softmax's sum l has already
+ * taken the weights before dropout, as the LSE must. */
+static void drop_weights(const flash_plan *pl, int64_t b, const task_scratch *tr, int64_t r0,
+                         int64_t r1, int64_t js, int64_t nk, float *s) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t jj = 0; jj < nk;) {
+            const int64_t j = js + jj;
+            uint32_t draw[4];
+            sdpa__dropout_draws4(pl->key, b, tr->h[r], tr->i[r], j / 4, draw);
+            for (int64_t t = j % 4; t < 4 && jj < nk; t++, jj++)
+                s[jj * pl->rp + r] *= (uint64_t)draw[t] < pl->threshold ? pl->keep_scale : 0.0f;
+        }
+}
+
+/* After pv_careful, which adds nothing for any zero weight: a +0 weight is a key the row sees
+ * (a hidden one's is -0.0) whose weight underflowed or was dropped, and it still multiplies its
+ * v row in the reference, where 0 x Inf and 0 x NaN are NaN: that NaN is put where it goes. */
+static void nan_of_visible_zeros(int64_t nk, int64_t r0, int64_t r1, int64_t dv, const float *s,
+                                 int64_t lds, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    for (int64_t jj = 0; jj < nk; jj++)
+        for (int64_t r = r0; r < r1; r++) {
+            uint32_t u;
+            memcpy(&u, &s[jj * lds + r], sizeof u);
+            if (u != 0u)
+                continue;
+            for (int64_t c = 0; c < dv; c++)
+                if (!isfinite(v[jj * ldv + c]))
+                    o[r * ldo + c] = NAN;
+        }
+}
+
 static void flash_task(void *arg, int64_t task_chunk, int worker) {
     const flash_plan *pl = arg;
     const sdpa__ukernels *uk = pl->uk;
@@ -321,6 +359,8 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             if (!whole || pl->needs_post)
                 post_process(pl, p, b, &tr, r0, r1use, js, nk, whole, s0 - r0);
             const int hidden = uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
+            if (pl->dropout)
+                drop_weights(pl, b, &tr, r0, r1use, js, nk, s);
             float *o0 = o + r0 * pl->dvp;
             if (v_half && !hidden) { /* (a hidden key's NaN is kept out by the path below) */
                 uk->pv_few_half((int)p->v.dtype, nk, r1use - r0, p->Dv, s0, rp, alpha + r0,
@@ -329,9 +369,10 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             }
             const float *vt =
                 tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
-            if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv))
+            if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
                 uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
-            else
+                nan_of_visible_zeros(nk, r0, r1use, p->Dv, s, rp, vt, ldv, o, pl->dvp);
+            } else
                 uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
         }
     }
@@ -462,6 +503,12 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
     pl.k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
     pl.v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
+    pl.dropout = p->dropout_p > 0.0;
+    if (pl.dropout) {
+        pl.keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+        pl.threshold = sdpa__dropout_threshold(p->dropout_p);
+        sdpa__dropout_key(p->dropout_seed, p->dropout_offset, pl.key);
+    }
     pl.k_half = p->k.dtype != SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
     pl.v_half = p->v.dtype != SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
     pl.needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;

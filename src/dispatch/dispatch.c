@@ -31,19 +31,12 @@ static sdpa_status ref_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     return sdpa__ref_backward(ctx, p, dout, dq, dk, dv);
 }
 
-/* The tiled forward does not draw dropout masks yet: such forwards go to the reference. The
- * tiled backward draws them itself. */
-static int flash_supports(sdpa__op op, const sdpa__problem *p) {
-    return op == SDPA__OP_BACKWARD || !(p->dropout_p > 0.0);
-}
-
 static const sdpa__impl reference = {"reference", SDPA_ISA_GENERIC, 0,           NULL,
                                      NULL,        ref_forward,      ref_weights, ref_backward};
 static const sdpa__impl flash_generic = {.name = "flash-generic",
                                          .level = SDPA_ISA_GENERIC,
                                          .needs = 0,
                                          .uk = &sdpa__uk_generic,
-                                         .supports = flash_supports,
                                          .forward = sdpa__flash_forward,
                                          .backward = sdpa__flash_backward};
 #if defined(SDPA_HAVE_X86)
@@ -51,14 +44,12 @@ static const sdpa__impl flash_avx2 = {.name = "flash-avx2",
                                       .level = SDPA_ISA_AVX2,
                                       .needs = SDPA__NEEDS_AVX2,
                                       .uk = &sdpa__uk_avx2,
-                                      .supports = flash_supports,
                                       .forward = sdpa__flash_forward,
                                       .backward = sdpa__flash_backward};
 static const sdpa__impl flash_avx512 = {.name = "flash-avx512",
                                         .level = SDPA_ISA_AVX512,
                                         .needs = SDPA__NEEDS_AVX512,
                                         .uk = &sdpa__uk_avx512,
-                                        .supports = flash_supports,
                                         .forward = sdpa__flash_forward,
                                         .backward = sdpa__flash_backward};
 #endif
