@@ -3,6 +3,7 @@
 
     python3 bench/ab.py OLD/cli/sdpa NEW/cli/sdpa --rounds 5 --threads 2 --preset full
     python3 bench/ab.py A B --shape 1,16,1024,1024,64 --shape 1,16,1024,1024,64,causal
+    python3 bench/ab.py OLD/cli/sdpa NEW/cli/sdpa --rounds 3 --threads 2 --preset decode
 
 Each round runs `sdpa bench --json` once with each binary (A then B in odd rounds, B then A in
 even ones, so that a slow minute of a shared machine does not always fall on the same side).
@@ -17,6 +18,12 @@ rounds, relative to A's median): the run-to-run noise to compare the ratios with
 are interleaved, so slow drift of the machine cancels in the GFLOP/s ratio; the %peak ratio
 also carries the noise of the peak probe. Environment variables (SDPA_MAX_ISA) pass through
 to both binaries.
+
+With --preset decode (or --bandwidth) the figures that matter are the cache's read rate: the
+table shows each binary's median GB/s and %bw (GB/s over the read probe that sdpa bench runs at
+the shape's working set, in the same run) and their ratios, and the FMA-peak check is off
+unless --peak-spread is given (a decode step does not depend on the FMA units, and on these
+machines their capacity moves far more often than the memory's).
 """
 
 import argparse
@@ -48,9 +55,14 @@ def main():
     ap.add_argument("b", help="the second sdpa binary")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--preset", default="full", choices=["quick", "full"])
+    ap.add_argument("--preset", default="full", choices=["quick", "full", "decode"])
     ap.add_argument("--shape", action="append", default=[], help="as sdpa bench --shape")
-    ap.add_argument("--peak-spread", type=float, default=0.10)
+    ap.add_argument("--peak-spread", type=float, default=None,
+                    help="drop a round whose FMA peaks differ by more than this fraction "
+                         "(default 0.10; off for --preset decode and --bandwidth)")
+    ap.add_argument("--bandwidth", action="store_true",
+                    help="compare GB/s and %%bw instead of GFLOP/s and %%peak")
+    ap.add_argument("--min-time", help="as sdpa bench --min-time")
     ap.add_argument("--json", help="write every kept run here")
     o = ap.parse_args()
     if o.rounds < 1:
@@ -59,7 +71,12 @@ def main():
         if not os.access(binary, os.X_OK):
             ap.error(f"{binary} is not an executable")
 
+    bandwidth = o.bandwidth or (o.preset == "decode" and not o.shape)
+    if o.peak_spread is None:
+        o.peak_spread = float("inf") if bandwidth else 0.10
     args = ["--threads", str(o.threads)]
+    if o.min_time is not None:
+        args += ["--min-time", o.min_time]
     args += [x for s in o.shape for x in ("--shape", s)] if o.shape else ["--preset", o.preset]
     kept = {"a": [], "b": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,14 +102,16 @@ def main():
     print(f"{len(kept['a'])} of {o.rounds} rounds kept; {first['cpu_model']}, "
           f"{first['threads']} threads; A: {o.a} ({first.get('kernel', first['isa'])}); "
           f"B: {o.b} ({kept['b'][0].get('kernel', kept['b'][0]['isa'])})")
-    print(f"{'shape':<28} {'A GFLOP/s':>9} {'B GFLOP/s':>9} {'B/A':>6} {'A %peak':>8} "
-          f"{'B %peak':>8} {'B/A':>6} {'A spread':>9}")
+    rate, pct = ("gbs", "pct_bandwidth") if bandwidth else ("gflops", "pct_peak")
+    rate_name, pct_name = ("GB/s", "%bw") if bandwidth else ("GFLOP/s", "%peak")
+    print(f"{'shape':<36} {'A ' + rate_name:>9} {'B ' + rate_name:>9} {'B/A':>6} "
+          f"{'A ' + pct_name:>8} {'B ' + pct_name:>8} {'B/A':>6} {'A spread':>9}")
     for n, shape in enumerate(first["shapes"]):
         col = {side: [j["shapes"][n] for j in kept[side]] for side in ("a", "b")}
-        ga, gb = (statistics.median(x["gflops"] for x in col[s]) for s in ("a", "b"))
-        pa, pb = (statistics.median(x["pct_peak"] for x in col[s]) for s in ("a", "b"))
-        spread = [x["gflops"] for x in col["a"]]
-        print(f"{shape['spec']:<28} {ga:9.1f} {gb:9.1f} {gb / ga:6.3f} {pa:8.1f} {pb:8.1f} "
+        ga, gb = (statistics.median(x[rate] for x in col[s]) for s in ("a", "b"))
+        pa, pb = (statistics.median(x[pct] for x in col[s]) for s in ("a", "b"))
+        spread = [x[rate] for x in col["a"]]
+        print(f"{shape['spec']:<36} {ga:9.1f} {gb:9.1f} {gb / ga:6.3f} {pa:8.1f} {pb:8.1f} "
               f"{pb / pa:6.3f} {(max(spread) - min(spread)) / ga * 100:8.1f}%")
     if o.json:
         with open(o.json, "w") as f:
