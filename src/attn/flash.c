@@ -90,22 +90,17 @@ static const char *kv_row(const sdpa__problem *p, const sdpa_tensor *t, int64_t 
            sdpa__kv_offset(p, t, b, hk, j) * (int64_t)sdpa_dtype_size(t->dtype);
 }
 
-/* The keys [j0, j0 + nk) of a tile as f32 rows: in place when possible (f32 with unit feature
- * stride, and within one page of a paged cache), else widened or copied into `pack`. */
+/* The keys [j0, j0 + nk) of a slice (never across a page of a paged cache) as f32 rows: in
+ * place when possible (f32 with unit feature stride), else widened into `pack`. */
 static const float *tile_rows(const sdpa__ukernels *uk, const sdpa__problem *p,
                               const sdpa_tensor *t, int direct, int64_t b, int64_t hk, int64_t j0,
                               int64_t nk, int64_t d, float *pack, int64_t *ld) {
-    if (direct && (p->block_table == NULL || j0 / p->page_size == (j0 + nk - 1) / p->page_size)) {
+    if (direct) {
         *ld = t->stride[2];
         return (const float *)kv_row(p, t, b, hk, j0);
     }
-    for (int64_t j = 0; j < nk; j++) {
-        const char *row = kv_row(p, t, b, hk, j0 + j);
-        if (direct)
-            memcpy(pack + j * d, row, (size_t)d * sizeof(float));
-        else
-            uk->load_row((int)t->dtype, d, row, t->stride[3], pack + j * d);
-    }
+    for (int64_t j = 0; j < nk; j++)
+        uk->load_row((int)t->dtype, d, kv_row(p, t, b, hk, j0 + j), t->stride[3], pack + j * d);
     *ld = d;
     return pack;
 }
@@ -230,23 +225,6 @@ static void drop_weights(const flash_plan *pl, int64_t b, const task_scratch *tr
         }
 }
 
-/* After pv_careful, which adds nothing for any zero weight: a +0 weight is a key the row sees
- * (a hidden one's is -0.0) whose weight underflowed or was dropped, and it still multiplies its
- * v row in the reference, where 0 x Inf and 0 x NaN are NaN: that NaN is put where it goes. */
-static void nan_of_visible_zeros(int64_t nk, int64_t r0, int64_t r1, int64_t dv, const float *s,
-                                 int64_t lds, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    for (int64_t jj = 0; jj < nk; jj++)
-        for (int64_t r = r0; r < r1; r++) {
-            uint32_t u;
-            memcpy(&u, &s[jj * lds + r], sizeof u);
-            if (u != 0u)
-                continue;
-            for (int64_t c = 0; c < dv; c++)
-                if (!isfinite(v[jj * ldv + c]))
-                    o[r * ldo + c] = NAN;
-        }
-}
-
 static void flash_task(void *arg, int64_t task_chunk, int worker) {
     const flash_plan *pl = arg;
     const sdpa__ukernels *uk = pl->uk;
@@ -341,8 +319,6 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
                 const int64_t next = jhi - js - nk < nk ? jhi - js - nk : nk;
                 if (((!pl->k_direct && !k_half) || p->block_table != NULL) && next > 0)
                     prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
-                if (p->block_table != NULL && next > 0)
-                    prefetch_rows(p, &p->v, b, hk, js + nk, next, p->Dv);
             }
             if (k_half) {
                 uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),
@@ -371,7 +347,9 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
                 tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
             if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
                 uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
-                nan_of_visible_zeros(nk, r0, r1use, p->Dv, s, rp, vt, ldv, o, pl->dvp);
+                /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
+                sdpa__nan_of_visible_zeros(nk, r1use - r0, p->Dv, s0, s0, rp, 1, vt, ldv, o0,
+                                           pl->dvp);
             } else
                 uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
         }

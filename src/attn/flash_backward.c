@@ -290,16 +290,9 @@ static void tile_dropout(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, i
         }
 }
 
-/* Whether w is -0.0, the mark of a hidden weight. */
-static inline uint32_t hidden_mask(float w) {
-    uint32_t u;
-    memcpy(&u, &w, sizeof u);
-    return u == 0x80000000u ? 0xffffffffu : 0u;
-}
-
 /* x, or -0.0 where the weight w is the -0.0 of a hidden pair. */
 static inline float unless_hidden(float w, float x) {
-    const uint32_t h = hidden_mask(w);
+    const uint32_t h = sdpa__hidden_mask(w);
     uint32_t u;
     memcpy(&u, &x, sizeof u);
     u = (u & ~h) | (0x80000000u & h);
@@ -343,28 +336,10 @@ static void pv_skip_hidden(int64_t nr, int64_t na, int64_t d, const float *w, in
     for (int64_t a = 0; a < na; a++)
         for (int64_t r = 0; r < nr; r++) {
             const float wr = w[r * ldw + a];
-            if (hidden_mask(wr))
+            if (sdpa__hidden_mask(wr))
                 continue;
             for (int64_t c = 0; c < d; c++)
                 o[a * ldo + c] += wr * x[r * ldx + c];
-        }
-}
-
-/* After pv_careful, which adds nothing for any zero weight: a weight dS that is 0 (either
- * sign) on a pair the row sees (its P, laid out like dS, is not the -0.0 of a hidden pair)
- * still multiplies its operand in the reference, where 0 x Inf and 0 x NaN are NaN (softcap's
- * derivative is 0 at a score of +-inf, which an Inf in q or k gives): that NaN is put where it
- * goes. pv's sum: o[r * ldo + c] gets w[j * wj + r * wr] x[j * ldx + c], j < nj, r < nr. */
-static void nan_of_visible_zeros(int64_t nj, int64_t nr, int64_t d, const float *w,
-                                 const float *prob, int64_t wj, int64_t wr, const float *x,
-                                 int64_t ldx, float *o, int64_t ldo) {
-    for (int64_t j = 0; j < nj; j++)
-        for (int64_t r = 0; r < nr; r++) {
-            if (w[j * wj + r * wr] != 0.0f || hidden_mask(prob[j * wj + r * wr]))
-                continue;
-            for (int64_t c = 0; c < d; c++)
-                if (!isfinite(x[j * ldx + c]))
-                    o[r * ldo + c] = NAN;
         }
 }
 
@@ -432,7 +407,7 @@ static void tile_a(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
     // dK += dS^T Q (scaled when stored)
     if (hidden && sdpa__has_nonfinite(q, nq, ldq, p->Dk)) {
         uk->pv_careful(nq, nk, p->Dk, ws->dp, ld, ws->ones, q, ldq, kt->acc_k, pl->dkp);
-        nan_of_visible_zeros(nq, nk, p->Dk, ws->dp, ws->s, ld, 1, q, ldq, kt->acc_k, pl->dkp);
+        sdpa__nan_of_visible_zeros(nq, nk, p->Dk, ws->dp, ws->s, ld, 1, q, ldq, kt->acc_k, pl->dkp);
     } else
         uk->pv(nq, nk, p->Dk, ws->dp, ld, ws->ones, q, ldq, kt->acc_k, pl->dkp);
 
@@ -444,7 +419,8 @@ static void tile_a(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
     uk->pack_q(nq, nk, ws->rowp, ws->dst, QUERY_BLOCK);
     if (hidden && kt->k_bad) {
         uk->pv_careful(nk, nq, p->Dk, ws->dst, QUERY_BLOCK, ws->ones, kt->k, kt->ldk, dq, pl->dkp);
-        nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, 1, ld, kt->k, kt->ldk, dq, pl->dkp);
+        sdpa__nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, 1, ld, kt->k, kt->ldk, dq,
+                                   pl->dkp);
     } else
         uk->pv(nk, nq, p->Dk, ws->dst, QUERY_BLOCK, ws->ones, kt->k, kt->ldk, dq, pl->dkp);
 }
@@ -609,8 +585,8 @@ static void tile_b(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
     // dQ += dS K (scaled when stored)
     if (hidden && sdpa__has_nonfinite(k, nk, ldk, p->Dk)) {
         uk->pv_careful(nk, nq, p->Dk, ws->dp, QUERY_BLOCK, ws->ones, k, ldk, ws->acc_k, pl->dkp);
-        nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, QUERY_BLOCK, 1, k, ldk, ws->acc_k,
-                             pl->dkp);
+        sdpa__nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, QUERY_BLOCK, 1, k, ldk, ws->acc_k,
+                                   pl->dkp);
     } else
         uk->pv(nk, nq, p->Dk, ws->dp, QUERY_BLOCK, ws->ones, k, ldk, ws->acc_k, pl->dkp);
 }

@@ -37,6 +37,34 @@ static inline int sdpa__has_nonfinite(const float *x, int64_t n, int64_t ld, int
     return bad != 0;
 }
 
+/* Whether w is -0.0, the mark of a hidden weight (the softmax's and exp_lse's): all ones
+ * if so, else 0. */
+static inline uint32_t sdpa__hidden_mask(float w) {
+    uint32_t u;
+    memcpy(&u, &w, sizeof u);
+    return u == 0x80000000u ? 0xffffffffu : 0u;
+}
+
+/* After pv_careful, which adds nothing for any zero weight: a weight w that is 0 (either sign)
+ * on a pair the row sees (prob, laid out like w, is not the -0.0 of a hidden pair) still
+ * multiplies its operand in the reference, where 0 x Inf and 0 x NaN are NaN: that NaN is put
+ * where it goes. pv's sum: o[r * ldo + c] gets w[j * wj + r * wr] x[j * ldx + c], j < nj,
+ * r < nr. The forward passes its weights as both w and prob (a dropped or underflowed weight
+ * is +0, a hidden one -0.0); the backward passes dS and P (softcap's derivative is 0 at a
+ * score of +-inf, which an Inf in q or k gives). */
+static inline void sdpa__nan_of_visible_zeros(int64_t nj, int64_t nr, int64_t d, const float *w,
+                                              const float *prob, int64_t wj, int64_t wr,
+                                              const float *x, int64_t ldx, float *o, int64_t ldo) {
+    for (int64_t j = 0; j < nj; j++)
+        for (int64_t r = 0; r < nr; r++) {
+            if (w[j * wj + r * wr] != 0.0f || sdpa__hidden_mask(prob[j * wj + r * wr]))
+                continue;
+            for (int64_t c = 0; c < d; c++)
+                if (!isfinite(x[j * ldx + c]))
+                    o[r * ldo + c] = NAN;
+        }
+}
+
 /* Joins an attention sink sigma (sdpa.h, Semantics) to a row whose softmax so far has
  * log-sum-exp *lse (-inf: no key; NaN: a NaN row, left as it is): *lse becomes
  * log(exp(*lse) + exp(sigma)), and the factor the row's output is multiplied by,
