@@ -50,6 +50,17 @@ void sdpa__free(const sdpa_ctx *ctx, void *ptr) {
         ctx->allocator.free(ptr, ctx->allocator.user);
 }
 
+/* The acquire pairs with release's store, so each call sees everything the previous one
+ * wrote into the context. */
+int sdpa__claim(sdpa_ctx *ctx) {
+    return atomic_exchange_explicit(&ctx->busy, 1, memory_order_acquire);
+}
+
+sdpa_status sdpa__release(sdpa_ctx *ctx, sdpa_status status) {
+    atomic_store_explicit(&ctx->busy, 0, memory_order_release);
+    return status;
+}
+
 int sdpa__n_workers(const sdpa_ctx *ctx) {
     return ctx->n_threads;
 }

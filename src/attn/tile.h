@@ -99,7 +99,7 @@ static inline float sdpa__tile_score(const sdpa__problem *p, int64_t b, int64_t 
         *dsdx = 1.0f;
     }
     if (p->alibi != NULL)
-        x -= p->alibi[h] * fabsf((float)(j - (i + p->off)));
+        x -= p->alibi[h] * (float)sdpa__alibi_distance(p, i, j);
     if (p->has_mask) {
         const float mv =
             sdpa__load(p->mask.data, p->mask.dtype, sdpa__offset(&p->mask, b, h, i, j));

@@ -27,6 +27,11 @@ typedef struct sdpa__problem {
     int64_t window_left;  /* -1 = open */
     int64_t window_right; /* -1 = open; 0 when causal */
     const float *alibi;   /* NULL or Hq slopes */
+    /* ALiBi's distance is |alibi_step (j - i) - off - alibi_shift| (sdpa__alibi_distance):
+     * 0 (= 1) and 0 from every public entry point, where it is |j - (i + off)|. A block of a
+     * longer sequence whose positions are spaced by a stride (src/mpi/, the striped layout)
+     * sets them; its window bounds are then in its own indices (sdpa__place). */
+    int64_t alibi_step, alibi_shift;
     /* Dropout of the attention weights (philox.h): 0 = off. Element (b, h, i, j) is kept
      * iff sdpa__dropout_keep(dropout_seed, dropout_offset, b, h, i, j, dropout_p), and kept
      * weights are scaled by 1 / (1 - dropout_p). Zero in a problem that asks for none. */
@@ -82,6 +87,14 @@ static inline void sdpa__row_keys(const sdpa__problem *p, int64_t i, int64_t *lo
     const int64_t open = p->Lq + p->Lk;
     *lo = p->window_left >= 0 ? i + p->off - p->window_left : -open;
     *hi = p->window_right >= 0 ? i + p->off + p->window_right : open;
+}
+
+/* The distance ALiBi multiplies its slope by, for query i and key j: |j - (i + off)| when
+ * positions are consecutive. Exact as a float up to 2^24. */
+static inline int64_t sdpa__alibi_distance(const sdpa__problem *p, int64_t i, int64_t j) {
+    const int64_t step = p->alibi_step > 1 ? p->alibi_step : 1;
+    const int64_t d = step * (j - i) - p->off - p->alibi_shift;
+    return d < 0 ? -d : d;
 }
 
 /* Whether key j is visible to query i under the window rule. */

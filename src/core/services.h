@@ -28,6 +28,12 @@ void sdpa__free(const sdpa_ctx *ctx, void *ptr);
 /* The number of workers sdpa__parallel_for may use: per-worker scratch is sized by it. */
 int sdpa__n_workers(const sdpa_ctx *ctx);
 
+/* A context serves one call at a time. sdpa__claim takes it for a call: 0, or 1 if another
+ * call holds it (then nothing is touched); sdpa__release gives it back and returns status, so
+ * that an entry point ends with `return sdpa__release(ctx, st)`. */
+int sdpa__claim(sdpa_ctx *ctx);
+sdpa_status sdpa__release(sdpa_ctx *ctx, sdpa_status status);
+
 /* Runs fn(arg, task, worker) once for every task < n_tasks on the context's threads, with
  * worker < sdpa__n_workers(ctx); returns when all are done. Which worker runs which task is
  * unspecified, so results must not depend on it. */

@@ -80,7 +80,7 @@ sdpa__row_kind sdpa__ref_row_scores(const sdpa__problem *p, int64_t b, int64_t h
             x = p->softcap * tanh(x / p->softcap);
         }
         if (p->alibi != NULL)
-            x = f32_range(x - (double)p->alibi[h] * fabs((double)(i + p->off - j)));
+            x = f32_range(x - (double)p->alibi[h] * (double)sdpa__alibi_distance(p, i, j));
         x = f32_range(x + bias);
         if (x == -INFINITY)
             continue; /* a score below f32's range hides its key, as -inf does */
