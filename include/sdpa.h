@@ -86,7 +86,9 @@ SDPA_API int sdpa_version_number(void);
     X(SDPA_ERR_UNSUPPORTED, -12, "valid request that this build does not support")                 \
     X(SDPA_ERR_INTERNAL, -13, "internal error (a bug: please report it)")                          \
     X(SDPA_ERR_BUSY, -14, "the context is in use by a call from another thread")                   \
-    X(SDPA_ERR_INDEX, -15, "a length or page index of a KV-cache descriptor is out of range")
+    X(SDPA_ERR_INDEX, -15, "a length or page index of a KV-cache descriptor is out of range")      \
+    X(SDPA_ERR_MISMATCH, -16, "the ranks of a distributed call disagree on shapes or parameters")  \
+    X(SDPA_ERR_MPI, -17, "an MPI call failed")
 
 #define SDPA__STATUS_ENUM(name, value, text) name = value,
 typedef enum sdpa_status { SDPA_STATUS_LIST(SDPA__STATUS_ENUM) } sdpa_status;
