@@ -2,6 +2,8 @@
 # build-tsan/ (ThreadSanitizer).
 #   make          release build of the library and the sdpa command
 #   make test     build everything, run all tests (release, then ASan+UBSan, then TSan)
+#   make deps     install what the optional parts need when missing (Open MPI for
+#                 libsdpa_mpi, from Debian, as root); make and make test run it first
 #   make demo     the worked example, step by step
 #   make memcheck the unit tests under valgrind; make fuzz: the libFuzzer targets
 #   make bench    time the forward at the quick shapes (PRESET=full for the target shapes;
@@ -20,11 +22,24 @@ BENCH_ARGS ?=
 
 TSAN_BUILD ?= build-tsan
 
-.PHONY: all build test test-release test-asan test-tsan memcheck demo bench install format clean fuzz
+.PHONY: all deps build test test-release test-asan test-tsan memcheck demo bench install format clean fuzz
 
 all: build
 
-build:
+# Open MPI (libopenmpi-dev, openmpi-bin) for libsdpa_mpi and its tests: installed with apt-get
+# where we are root and it is missing; elsewhere a note, and the build goes on without it.
+deps:
+	@if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "make: installing Open MPI (libopenmpi-dev openmpi-bin) for libsdpa_mpi"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin \
+	    >/dev/null 2>&1 || { DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libopenmpi-dev openmpi-bin; }; \
+	else \
+	  echo "make: MPI not found: libsdpa_mpi is skipped (apt-get install libopenmpi-dev openmpi-bin)"; \
+	fi
+
+build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
@@ -33,7 +48,7 @@ test: test-release test-asan test-tsan
 test-release: build
 	cd $(BUILD) && ctest $(CTEST_FLAGS) -j $(JOBS)
 
-test-asan:
+test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DSDPA_SANITIZE=ON \
 	      $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
