@@ -36,7 +36,8 @@
 enum {
     CHUNK_ROWS = 512,      /* query rows per placed call */
     PIECE_BYTES = 1 << 30, /* the largest message (MPI counts are int) */
-    TAG_KV = 0,            /* + piece: a key/value block */
+    TAG_K = 0,             /* + piece: a block's keys */
+    TAG_V = 1 << 19,       /* + piece: a block's values */
     TAG_GRAD = 1 << 20,    /* + piece: a block's key/value gradient */
     MAX_PIECES = (1 << 20) - 1
 };
@@ -86,6 +87,13 @@ typedef struct summary {
     int64_t f[F_COUNT];
     char msg[256];
 } summary;
+
+/* The arguments of either call: the forward's (dout, dq, dk, dv NULL) or the backward's. */
+typedef struct args {
+    const sdpa_tensor *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
+    const sdpa_params *params;
+    int backward;
+} args;
 
 typedef struct ring {
     sdpa_ctx *ctx;
@@ -222,8 +230,24 @@ static sdpa_status wait_all(ring *R) {
 /* ---- blocks ---------------------------------------------------------------------------- */
 
 /* Bytes of block s packed: K (B, Hkv, nk_s, Dk) then V (B, Hkv, nk_s, Dv). */
+static int64_t k_bytes(const ring *R, int s) {
+    return R->B * R->Hkv * R->nk[s] * R->Dk * elem_size(R->kdt);
+}
+
 static int64_t kv_bytes(const ring *R, int s) {
-    return R->B * R->Hkv * R->nk[s] * (R->Dk * elem_size(R->kdt) + R->Dv * elem_size(R->vdt));
+    return k_bytes(R, s) + R->B * R->Hkv * R->nk[s] * R->Dv * elem_size(R->vdt);
+}
+
+/* Whether t's elements lie packed in (B, H, L, D) order, as a block travels: then it is sent
+ * from where it is. */
+static int is_packed(const sdpa_tensor *t) {
+    int64_t want = 1;
+    for (int d = 3; d >= 0; d--) {
+        if (t->shape[d] > 1 && t->stride[d] != want)
+            return 0;
+        want *= t->shape[d];
+    }
+    return 1;
 }
 
 /* Bytes of block s's gradient: dK then dV, f32. */
@@ -247,9 +271,15 @@ static void pack(const sdpa_tensor *t, char *dst) {
             }
 }
 
-/* Views of the K and V of block s packed at buf, rows of run kr. */
-static void block_views(const ring *R, int s, char *buf, const sdpa__run *kr, sdpa_tensor *k,
-                        sdpa_tensor *v) {
+/* Views of the K and V of block s packed at buf (NULL: the rank's own block, in the caller's
+ * tensors), rows of run kr. */
+static void block_views(const ring *R, const args *a, int s, char *buf, const sdpa__run *kr,
+                        sdpa_tensor *k, sdpa_tensor *v) {
+    if (buf == NULL) {
+        *k = rows_of(a->k, kr->at, kr->n);
+        *v = rows_of(a->v, kr->at, kr->n);
+        return;
+    }
     const int64_t n = R->nk[s];
     sdpa_tensor kt = packed(buf, R->kdt, R->B, R->Hkv, n, R->Dk);
     sdpa_tensor vt =
@@ -262,10 +292,17 @@ static void block_views(const ring *R, int s, char *buf, const sdpa__run *kr, sd
 static void store_all(const sdpa_tensor *src, sdpa_tensor *dst) {
     for (int64_t b = 0; b < dst->shape[0]; b++)
         for (int64_t h = 0; h < dst->shape[1]; h++)
-            for (int64_t i = 0; i < dst->shape[2]; i++)
+            for (int64_t i = 0; i < dst->shape[2]; i++) {
+                const float *x = (const float *)src->data + sdpa__offset(src, b, h, i, 0);
+                if (dst->dtype == SDPA_F32 && dst->stride[3] == 1) {
+                    memcpy((float *)dst->data + sdpa__offset(dst, b, h, i, 0), x,
+                           (size_t)dst->shape[3] * sizeof(float));
+                    continue;
+                }
                 for (int64_t d = 0; d < dst->shape[3]; d++)
                     sdpa__store(dst->data, dst->dtype, sdpa__offset(dst, b, h, i, d),
-                                ((const float *)src->data)[sdpa__offset(src, b, h, i, d)]);
+                                x[d * src->stride[3]]);
+            }
 }
 
 /* a += b, elementwise over two f32 tensors of one shape (b contiguous). */
@@ -281,13 +318,6 @@ static void add_into(const sdpa_tensor *a, const sdpa_tensor *b) {
 }
 
 /* ---- the argument check ---------------------------------------------------------------- */
-
-/* The arguments of either call: the forward's (dout, dq, dk, dv NULL) or the backward's. */
-typedef struct args {
-    const sdpa_tensor *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
-    const sdpa_params *params;
-    int backward;
-} args;
 
 /* This rank's own checks: the core's validation of its local tensors, then what the ring
  * does not offer. Fills the summary. */
@@ -452,7 +482,7 @@ static sdpa_status compute_pair(ring *R, step_io *io, const sdpa__run *sub, cons
                                 const sdpa__placement *pl) {
     const args *a = io->a;
     sdpa_tensor q = rows_of(a->q, sub->at, sub->n), k, v;
-    block_views(R, io->s, io->kv, kr, &k, &v);
+    block_views(R, a, io->s, io->kv, kr, &k, &v);
     if (!a->backward) {
         sdpa_tensor o = packed(io->part_o, SDPA_F32, R->B, R->Hq, sub->n, R->Dv);
         sdpa_tensor l = packed(io->part_l, SDPA_F32, R->B, R->Hq, sub->n, 1);
@@ -539,10 +569,15 @@ static sdpa_status allocate(ring *R, const args *a, scratch *sc) {
     const int64_t bhq = R->B * R->Hq;
     memset(sc, 0, sizeof *sc);
     sc->io.a = a;
-    int64_t n_pieces = 2 * pieces(kv_max) + 2;
-    sc->kv[0] = take(R, (size_t)kv_max);
-    sc->kv[1] = R->p > 1 ? take(R, (size_t)kv_max) : sc->kv[0];
-    int ok = sc->kv[0] != NULL && sc->kv[1] != NULL;
+    int64_t n_pieces = 2 * pieces(kv_max) + 4;
+    /* step 0 computes on the caller's K and V and sends them from there when they are
+     * packed; buffers hold the blocks that arrive (kv[1] at step 0, then turn about), and
+     * kv[0] the rank's own block at step 0 when it must be packed to be sent */
+    const int own_packed = is_packed(a->k) && is_packed(a->v);
+    const int need0 = R->p > 2 || (R->p == 2 && !own_packed);
+    sc->kv[0] = need0 ? take(R, (size_t)kv_max) : NULL;
+    sc->kv[1] = R->p > 1 ? take(R, (size_t)kv_max) : NULL;
+    int ok = (!need0 || sc->kv[0] != NULL) && (R->p == 1 || sc->kv[1] != NULL);
     if (!a->backward) {
         sc->io.part_o = take(R, (size_t)(bhq * chunk * R->Dv) * sizeof(float));
         sc->io.part_l = take(R, (size_t)(bhq * chunk) * sizeof(float));
@@ -572,8 +607,7 @@ static sdpa_status allocate(ring *R, const args *a, scratch *sc) {
 
 static void release_scratch(ring *R, scratch *sc) {
     sdpa__free(R->ctx, sc->kv[0]);
-    if (sc->kv[1] != sc->kv[0])
-        sdpa__free(R->ctx, sc->kv[1]);
+    sdpa__free(R->ctx, sc->kv[1]);
     sdpa__free(R->ctx, sc->grad[0]);
     if (sc->grad[1] != sc->grad[0])
         sdpa__free(R->ctx, sc->grad[1]);
@@ -633,17 +667,31 @@ static sdpa_status run_ring(ring *R, const args *a, summary *all) {
         double t0 = MPI_Wtime();
         sdpa_mpi_step step = {0};
         sc.io.s = s;
-        sc.io.kv = sc.kv[t % 2];
+        sc.io.kv = t == 0 ? NULL : sc.kv[t % 2];
         sc.io.grad = sc.grad[t % 2];
         sc.io.pairs = 0;
-        if (t == 0) {
-            sdpa_tensor kk = *a->k, vv = *a->v;
-            pack(&kk, sc.kv[0]);
-            pack(&vv, sc.kv[0] + R->B * R->Hkv * R->nk[r] * R->Dk * elem_size(R->kdt));
-        }
         if (t < p - 1) {
-            if ((st = post(R, 0, sc.kv[(t + 1) % 2], kv_bytes(R, prev), TAG_KV)) != SDPA_OK ||
-                (st = post(R, 1, sc.io.kv, kv_bytes(R, s), TAG_KV)) != SDPA_OK)
+            /* K and V of the block held go to r + 1 (from the caller's tensors at step 0 when
+             * they are packed, else packed first); the next block comes from r - 1 */
+            const char *send_k, *send_v;
+            if (t == 0 && is_packed(a->k) && is_packed(a->v)) {
+                send_k = a->k->data;
+                send_v = a->v->data;
+            } else {
+                char *held = t == 0 ? sc.kv[0] : sc.io.kv;
+                if (t == 0) {
+                    pack(a->k, held);
+                    pack(a->v, held + k_bytes(R, s));
+                }
+                send_k = held;
+                send_v = held + k_bytes(R, s);
+            }
+            char *next = sc.kv[(t + 1) % 2];
+            if ((st = post(R, 0, next, k_bytes(R, prev), TAG_K)) != SDPA_OK ||
+                (st = post(R, 0, next + k_bytes(R, prev), kv_bytes(R, prev) - k_bytes(R, prev),
+                           TAG_V)) != SDPA_OK ||
+                (st = post(R, 1, (void *)send_k, k_bytes(R, s), TAG_K)) != SDPA_OK ||
+                (st = post(R, 1, (void *)send_v, kv_bytes(R, s) - k_bytes(R, s), TAG_V)) != SDPA_OK)
                 break;
             step.bytes_received += kv_bytes(R, prev);
             step.bytes_sent += kv_bytes(R, s);
