@@ -151,13 +151,10 @@ static int golden(fb_tensors *t, double **gq, double **gk, double **gv) {
         tu_alloc(SDPA_F32, k->shape[0], k->shape[1], k->shape[2], k->shape[3], TU_BHLD, 0, 0);
     tu_tensor dv =
         tu_alloc(SDPA_F32, v->shape[0], v->shape[1], v->shape[2], v->shape[3], TU_BHLD, 0, 0);
-    sdpa__problem p;
     sdpa_status st = tu_golden_forward(ctx, q, k, v, &t->p, &t->o.t, &t->lse.t);
     if (st == SDPA_OK)
-        st = sdpa__check_backward(ctx, q, k, v, &t->o.t, &t->lse.t, &t->dout.t, &t->p, &dq.t, &dk.t,
-                                  &dv.t, &p);
-    if (st == SDPA_OK)
-        st = sdpa__ref_backward(ctx, &p, &t->dout.t, &dq.t, &dk.t, &dv.t);
+        st = tu_golden_backward(ctx, q, k, v, &t->o.t, &t->lse.t, &t->dout.t, &t->p, &dq.t, &dk.t,
+                                &dv.t);
     CHECK_MSG(st == SDPA_OK, "golden: %s", sdpa_ctx_last_error(ctx));
     *gq = tu_to_doubles(&dq.t);
     *gk = tu_to_doubles(&dk.t);

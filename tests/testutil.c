@@ -274,6 +274,17 @@ sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_te
     return sdpa__ref_forward(ctx, &p, out, lse);
 }
 
+sdpa_status tu_golden_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                               const sdpa_tensor *v, const sdpa_tensor *out, const sdpa_tensor *lse,
+                               const sdpa_tensor *dout, const sdpa_params *params, sdpa_tensor *dq,
+                               sdpa_tensor *dk, sdpa_tensor *dv) {
+    sdpa__problem p;
+    sdpa_status st = sdpa__check_backward(ctx, q, k, v, out, lse, dout, params, dq, dk, dv, &p);
+    if (st != SDPA_OK)
+        return st;
+    return sdpa__ref_backward(ctx, &p, dout, dq, dk, dv);
+}
+
 /* Explicit mantissa bits of a dtype: an ulp at 2^e is 2^(e - bits). */
 static int mantissa_bits(sdpa_dtype dt) {
     return dt == SDPA_F32 ? 23 : dt == SDPA_F16 ? 10 : 7;

@@ -89,6 +89,14 @@ sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_te
                               const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,
                               sdpa_tensor *lse);
 
+/* The golden gradients: the library's reference backward (src/ref/, in double; it recomputes
+ * from q, k and v, and validates out and lse as sdpa_backward does) into dq, dk and dv.
+ * @return the status of validation or of the reference. */
+sdpa_status tu_golden_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                               const sdpa_tensor *v, const sdpa_tensor *out, const sdpa_tensor *lse,
+                               const sdpa_tensor *dout, const sdpa_params *params, sdpa_tensor *dq,
+                               sdpa_tensor *dk, sdpa_tensor *dv);
+
 /* ---- the tolerance rule of testing.md ----------------------------------------------------- */
 
 /* Compares n values of `test` (stored in dtype, read as double) with `golden`, given the

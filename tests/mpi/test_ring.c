@@ -21,9 +21,6 @@
 
 #include "sdpa_mpi.h"
 
-#include "../src/core/validate.h"
-#include "../src/ref/ref.h"
-
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,11 +193,8 @@ static void golden_backward(gathered *g, tu_tensor *go, tu_tensor *gl, double **
         tu_alloc(SDPA_F32, k->shape[0], k->shape[1], k->shape[2], k->shape[3], TU_BHLD, 0, 0);
     tu_tensor dv =
         tu_alloc(SDPA_F32, v->shape[0], v->shape[1], v->shape[2], v->shape[3], TU_BHLD, 0, 0);
-    sdpa__problem p;
-    sdpa_status st = sdpa__check_backward(ctx, q, k, v, &go->t, &gl->t, &g->dout.t, &g->p, &dq.t,
-                                          &dk.t, &dv.t, &p);
-    if (st == SDPA_OK)
-        st = sdpa__ref_backward(ctx, &p, &g->dout.t, &dq.t, &dk.t, &dv.t);
+    const sdpa_status st =
+        tu_golden_backward(ctx, q, k, v, &go->t, &gl->t, &g->dout.t, &g->p, &dq.t, &dk.t, &dv.t);
     CHECK_MSG(st == SDPA_OK, "golden backward: %s", sdpa_ctx_last_error(ctx));
     *gq = tu_to_doubles(&dq.t);
     *gk = tu_to_doubles(&dk.t);
