@@ -210,7 +210,7 @@ static sdpa_ctx *ctx_of(int threads) {
 }
 
 /* Runs a case: the forward and the backward on the ring, checked against the golden; then the
- * same bytes with another thread count. */
+ * same bytes, forward and backward, with another thread count. */
 static void run_case(const ring_case *c) {
     const tu_dims d = c->d;
     gathered g;
@@ -286,9 +286,20 @@ static void run_case(const ring_case *c) {
                            NULL) == SDPA_OK);
     CHECK_MSG(memcmp(o.buf, o3.buf, o.bytes) == 0 && memcmp(l.buf, l3.buf, l.bytes) == 0,
               "%s: the forward differs between 1 and 3 threads", c->name);
+    tu_tensor dq3 = tu_alloc(c->dt, d.B, d.Hq, nq, d.Dk, c->tl, 0, 0);
+    tu_tensor dk3 = tu_alloc(c->dt, d.B, d.Hkv, nk, d.Dk, c->tl, 0, 0);
+    tu_tensor dv3 = tu_alloc(c->dt, d.B, d.Hkv, nk, d.Dv, c->tl, 2, 0);
+    CHECK(sdpa_mpi_backward(ctx3, MPI_COMM_WORLD, c->layout, &q.t, &k.t, &v.t, &o.t, &l.t, &dout.t,
+                            &g.p, &dq3.t, &dk3.t, &dv3.t, NULL) == SDPA_OK);
+    CHECK_MSG(memcmp(dq.buf, dq3.buf, dq.bytes) == 0 && memcmp(dk.buf, dk3.buf, dk.bytes) == 0 &&
+                  memcmp(dv.buf, dv3.buf, dv.bytes) == 0,
+              "%s: the backward differs between 1 and 3 threads", c->name);
     sdpa_ctx_destroy(ctx3);
     tu_free(&o3);
     tu_free(&l3);
+    tu_free(&dq3);
+    tu_free(&dk3);
+    tu_free(&dv3);
 
     free(lp_o);
     free(lp_l);
