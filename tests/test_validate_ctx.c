@@ -266,7 +266,7 @@ static void test_status_strings(void) {
     } rows[] = {SDPA_STATUS_LIST(STATUS_ROW)};
 #undef STATUS_ROW
     const size_t n = sizeof rows / sizeof rows[0];
-    CHECK_INT_EQ(n, 16);
+    CHECK_INT_EQ(n, 18);
     for (size_t i = 0; i < n; i++) {
         CHECK_INT_EQ(rows[i].st, rows[i].value);
         CHECK_INT_EQ(rows[i].value, -(int)i); /* stable, contiguous values */
@@ -283,7 +283,8 @@ static void test_status_strings(void) {
     CHECK(strcmp(sdpa_status_name(SDPA_ERR_INTERNAL), "SDPA_ERR_INTERNAL") == 0);
     CHECK(strcmp(sdpa_status_name(SDPA_ERR_BUSY), "SDPA_ERR_BUSY") == 0 && SDPA_ERR_BUSY == -14);
     CHECK(strcmp(sdpa_status_name(SDPA_ERR_INDEX), "SDPA_ERR_INDEX") == 0 && SDPA_ERR_INDEX == -15);
-    static const int unknown[] = {1, -16, 12345, INT_MIN, INT_MAX};
+    CHECK(SDPA_ERR_MISMATCH == -16 && SDPA_ERR_MPI == -17);
+    static const int unknown[] = {1, -18, 12345, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         CHECK(strcmp(sdpa_status_str((sdpa_status)unknown[i]), "unknown status") == 0);
         CHECK(strcmp(sdpa_status_name((sdpa_status)unknown[i]), "SDPA_UNKNOWN") == 0);
