@@ -202,6 +202,9 @@ static sdpa_status post(ring *R, int send, void *buf, int64_t bytes, int tag) {
     const int peer = send ? (R->r + 1) % R->p : (R->r + R->p - 1) % R->p;
     for (int64_t at = 0, k = 0; at < bytes; at += PIECE_BYTES, k++) {
         const int n = (int)(bytes - at < PIECE_BYTES ? bytes - at : PIECE_BYTES);
+        if (R->n_reqs == R->cap_reqs) /* allocate() counts every piece a step posts */
+            return sdpa__fail(R->ctx, SDPA_ERR_INTERNAL, "ring: more than %d transfers in a step",
+                              R->cap_reqs);
         MPI_Request *rq = &R->reqs[R->n_reqs++];
         const int rc =
             send ? MPI_Isend((char *)buf + at, n, MPI_BYTE, peer, tag + (int)k, R->comm, rq)
