@@ -176,12 +176,14 @@ double tu_mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t
                   m->shape[3] == 1 ? 0 : j);
 }
 
-void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
-                      const sdpa_params *params, int lp_dtype, double *out, double *lse) {
+/* tu_naive_forward and tu_naive_weights: v and out NULL when only the weights are asked. */
+static void naive(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                  const sdpa_params *params, int lp_dtype, double *out, double *lse,
+                  double *weights) {
     static const sdpa_params defaults = {0};
     const sdpa_params *pr = params ? params : &defaults;
     const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], Dk = q->shape[3];
-    const int64_t Hkv = k->shape[1], Lk = k->shape[2], Dv = v->shape[3];
+    const int64_t Hkv = k->shape[1], Lk = k->shape[2], Dv = v != NULL ? v->shape[3] : 0;
     const double scale = pr->scale != 0.0f ? (double)pr->scale : 1.0 / sqrt((double)Dk);
     const int64_t off = pr->align == SDPA_ALIGN_BOTTOM_RIGHT ? Lk - Lq : 0;
     const int64_t wl = pr->use_window ? pr->window_left : -1;
@@ -239,8 +241,14 @@ void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_ten
                     if (vis[i * Lk + j])
                         sum = tu_acc_round(lp_dtype,
                                            sum + tu_acc_round(lp_dtype, exp(S[i * Lk + j] - m)));
-                double *o = out + ((b * Hq + h) * Lq + i) * Dv;
-                for (int64_t d = 0; d < Dv; d++) {
+                if (weights != NULL)
+                    for (int64_t j = 0; j < Lk; j++)
+                        weights[((b * Hq + h) * Lq + i) * Lk + j] =
+                            !vis[i * Lk + j] ? 0.0
+                            : bad            ? NAN
+                                             : tu_round(lp_dtype, exp(S[i * Lk + j] - m) / sum);
+                for (int64_t d = 0; d < Dv && out != NULL; d++) {
+                    double *o = out + ((b * Hq + h) * Lq + i) * Dv;
                     double acc = 0.0;
                     if (bad) {
                         acc = NAN;
@@ -264,6 +272,16 @@ void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_ten
     free(vis);
 }
 
+void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                      const sdpa_params *params, int lp_dtype, double *out, double *lse) {
+    naive(q, k, v, params, lp_dtype, out, lse, NULL);
+}
+
+void tu_naive_weights(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_params *params,
+                      int lp_dtype, double *weights) {
+    naive(q, k, NULL, params, lp_dtype, NULL, NULL, weights);
+}
+
 sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                               const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,
                               sdpa_tensor *lse) {
@@ -272,6 +290,15 @@ sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_te
     if (st != SDPA_OK)
         return st;
     return sdpa__ref_forward(ctx, &p, out, lse);
+}
+
+sdpa_status tu_golden_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                              const sdpa_params *params, sdpa_tensor *weights) {
+    sdpa__problem p;
+    sdpa_status st = sdpa__check_weights(ctx, q, k, params, weights, &p);
+    if (st != SDPA_OK)
+        return st;
+    return sdpa__ref_weights(ctx, &p, weights);
 }
 
 sdpa_status tu_golden_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,

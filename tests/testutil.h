@@ -82,12 +82,22 @@ sdpa_status tu_problem_forward(sdpa_ctx *ctx, tu_problem *pb);
 void tu_naive_forward(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                       const sdpa_params *params, int lp_dtype, double *out, double *lse);
 
+/* The same for the weights alone (B, Hq, Lq, Lk): p_ij, 0 where hidden, NaN where a NaN row
+ * sees. */
+void tu_naive_weights(const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_params *params,
+                      int lp_dtype, double *weights);
+
 /* The golden: the library's reference implementation, called directly (not through the
  * dispatcher). out and lse are F32 tensors the caller allocated (lse may be NULL).
  * @return the status of validation or of the reference. */
 sdpa_status tu_golden_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
                               const sdpa_tensor *v, const sdpa_params *params, sdpa_tensor *out,
                               sdpa_tensor *lse);
+
+/* The golden weights: the reference's sdpa_weights (in double), called directly; weights is
+ * an F32 tensor (B, Hq, Lq, Lk) the caller allocated. */
+sdpa_status tu_golden_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
+                              const sdpa_params *params, sdpa_tensor *weights);
 
 /* The golden gradients: the library's reference backward (src/ref/, in double; it recomputes
  * from q, k and v, and validates out and lse as sdpa_backward does) into dq, dk and dv.

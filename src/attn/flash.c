@@ -59,6 +59,7 @@ typedef struct flash_plan {
     const sdpa__problem *p;
     const sdpa__ukernels *uk;
     sdpa_tensor *out, *lse;
+    sdpa_tensor *weights;   /* sdpa_weights' output (weights_task), else NULL */
     int64_t bq;             /* query positions per task */
     int64_t n_qb;           /* query blocks per (b, hk) */
     int64_t n_chunks;       /* key chunks per (b, hk, query block): 1 = no split */
@@ -124,9 +125,10 @@ static void prefetch_rows(const sdpa__problem *p, const sdpa_tensor *t, int64_t 
 
 /* One worker's scratch: the task's tiles and its row table. */
 typedef struct task_scratch {
-    float *qt; /* Q transposed: Dk x rp */
-    float *s;  /* scores, transposed: KEY_TILE x rp */
-    float *o;  /* the output accumulator: rp x dvp */
+    float *qt;   /* Q transposed: Dk x rp */
+    float *s;    /* scores, transposed: KEY_TILE x rp */
+    float *sraw; /* weights_task: a copy of the scores before exp_lse, like s */
+    float *o;    /* the output accumulator: rp x dvp */
     float *m, *l, *alpha;
     float *qrows; /* Q rows widened to f32 (when Q is not read in place): rp x Dk */
     float *kpack; /* a K tile widened to f32 (when K is not read in place) */
@@ -152,6 +154,7 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     size_t at = 0;
     ts->qt = take(base, &at, (size_t)p->Dk * rp * f);
     ts->s = take(base, &at, KEY_TILE * rp * f);
+    ts->sraw = take(base, &at, pl->weights != NULL ? KEY_TILE * rp * f : 0);
     ts->o = take(base, &at, rp * (size_t)pl->dvp * f);
     ts->m = take(base, &at, rp * f);
     ts->l = take(base, &at, rp * f);
@@ -225,134 +228,187 @@ static void drop_weights(const flash_plan *pl, int64_t b, const task_scratch *tr
         }
 }
 
-static void flash_task(void *arg, int64_t task_chunk, int worker) {
-    const flash_plan *pl = arg;
+/* A task's block of query rows: what flash_task and weights_task both start from. */
+typedef struct task_rows {
+    sdpa__problem seq;      /* where p is kept when the problem is a batch of sequences */
+    const sdpa__problem *p; /* sequence b's problem (sdpa__seq) */
+    int64_t b, hk, bh, qb;
+    /* the block's positions [i0, i0 + nq_all) of the problem, of which the sequence has the
+     * first nq (fewer when its length is ragged; the rest are written as fully masked rows) */
+    int64_t i0, nq_all, nq;
+    int64_t rows, rows_all; /* group x nq, group x nq_all */
+} task_rows;
+
+/* Lays out the worker's scratch for task `task` (its block's number in the order the pool
+ * hands it out) and sets up its rows: each row's head, position and window, m = -inf, l = 0,
+ * and Q transposed into tr->qt. */
+static void task_begin(const flash_plan *pl, int64_t task, int worker, task_rows *t,
+                       task_scratch *tr) {
     const sdpa__ukernels *uk = pl->uk;
-    const int64_t task = task_chunk / pl->n_chunks, chunk = task_chunk % pl->n_chunks;
-    sdpa__problem seq;
-    const sdpa__problem *p = sdpa__seq(pl->p, task / pl->n_qb / pl->p->Hkv, &seq);
+    const sdpa__problem *p = sdpa__seq(pl->p, task / pl->n_qb / pl->p->Hkv, &t->seq);
+    t->p = p;
     /* When a right window bound (causal) makes later query blocks see more keys, each head's
      * blocks are taken last first: the pool hands out tasks in increasing order, so within a
      * head the large tasks start early and the small ones fill the gaps, while neighbouring
      * tasks still share their K/V tiles in cache. The mapping depends on the problem only,
      * never on the threads. */
-    const int64_t bh = task / pl->n_qb, rank = task % pl->n_qb;
-    const int64_t b = bh / p->Hkv, hk = bh % p->Hkv;
-    const int64_t qb = p->window_right >= 0 ? pl->n_qb - 1 - rank : rank;
-    /* the block's positions: nq_all of the problem, of which the sequence has the first nq
-     * (fewer when its length is ragged; the rest are written as fully masked rows) */
-    const int64_t i0 = qb * pl->bq;
-    const int64_t nq_all = i0 + pl->bq <= pl->p->Lq ? pl->bq : pl->p->Lq - i0;
-    const int64_t nq = i0 >= p->Lq ? 0 : i0 + nq_all <= p->Lq ? nq_all : p->Lq - i0;
-    const int64_t rows = p->group * nq, rpad = sdpa__round_up(rows, uk->lanes), rp = pl->rp;
-    const int64_t rows_all = p->group * nq_all, rinit = rpad > rows_all ? rpad : rows_all;
+    t->bh = task / pl->n_qb;
+    const int64_t rank = task % pl->n_qb;
+    t->b = t->bh / p->Hkv;
+    t->hk = t->bh % p->Hkv;
+    t->qb = p->window_right >= 0 ? pl->n_qb - 1 - rank : rank;
+    t->i0 = t->qb * pl->bq;
+    t->nq_all = t->i0 + pl->bq <= pl->p->Lq ? pl->bq : pl->p->Lq - t->i0;
+    t->nq = t->i0 >= p->Lq ? 0 : t->i0 + t->nq_all <= p->Lq ? t->nq_all : p->Lq - t->i0;
+    t->rows = p->group * t->nq;
+    t->rows_all = p->group * t->nq_all;
+    const int64_t rpad = sdpa__round_up(t->rows, uk->lanes);
+    const int64_t rinit = rpad > t->rows_all ? rpad : t->rows_all;
 
-    task_scratch tr;
-    layout(pl, pl->scratch + (size_t)worker * pl->per_worker, &tr);
-    float *qt = tr.qt, *s = tr.s, *o = tr.o, *m = tr.m, *l = tr.l, *alpha = tr.alpha;
-
-    /* the rows of the task: each row's head, position and window, and Q transposed */
+    layout(pl, pl->scratch + (size_t)worker * pl->per_worker, tr);
     for (int64_t r = 0; r < rinit; r++) {
-        const int64_t h = hk * p->group + r % p->group, i = i0 + r / p->group;
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-        tr.h[r] = h;
-        tr.i[r] = i;
-        sdpa__row_keys(p, i, &tr.lo[r], &tr.hi[r]);
+        const int64_t h = t->hk * p->group + r % p->group, i = t->i0 + r / p->group;
+        tr->m[r] = -INFINITY;
+        tr->l[r] = 0.0f;
+        tr->h[r] = h;
+        tr->i[r] = i;
+        sdpa__row_keys(p, i, &tr->lo[r], &tr->hi[r]);
     }
-    for (int64_t r = 0; r < rows; r++) {
+    for (int64_t r = 0; r < t->rows; r++) {
         if (pl->q_direct) {
-            tr.q_row[r] = sdpa__row_at(&p->q, b, tr.h[r], tr.i[r]);
+            tr->q_row[r] = sdpa__row_at(&p->q, t->b, tr->h[r], tr->i[r]);
         } else {
-            float *row = tr.qrows + r * p->Dk;
-            uk->load_row((int)p->q.dtype, p->Dk, sdpa__row_at(&p->q, b, tr.h[r], tr.i[r]),
+            float *row = tr->qrows + r * p->Dk;
+            uk->load_row((int)p->q.dtype, p->Dk, sdpa__row_at(&p->q, t->b, tr->h[r], tr->i[r]),
                          p->q.stride[3], row);
-            tr.q_row[r] = row;
+            tr->q_row[r] = row;
         }
     }
-    uk->pack_q(rows, p->Dk, tr.q_row, qt, rp);
-    memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);
+    uk->pack_q(t->rows, p->Dk, tr->q_row, tr->qt, pl->rp);
+}
 
-    /* the keys any row of the task may see, within its chunk */
-    int64_t jlo = 0, jhi = 0;
-    if (nq > 0)
-        sdpa__block_keys(p, i0, i0 + nq, &jlo, &jhi);
+/* The keys a task visits, one slice at a time: tiles of KEY_TILE keys; a tile the window cuts
+ * through (the causal diagonal) in slices of KEY_SLICE keys, each computed only for the rows
+ * that see some of it (rows are sorted by position, so those are one range, and most of the
+ * hidden triangle is skipped); a slice of a paged cache never crosses a page. */
+typedef struct key_slice {
+    int64_t jlo, jhi; /* the keys any row of the task may see, within its chunk */
+    int64_t j0;       /* the tile: keys [ja, jb) of [j0, j0 + KEY_TILE) */
+    int64_t ja, jb;
+    int whole;      /* no row has a hidden key in the tile (sdpa__block_whole) */
+    int64_t js, nk; /* the slice: keys [js, js + nk) */
+    int64_t r0, r1; /* rows [r0, r1) see a key of it; r0 a multiple of the lanes */
+    int64_t r1pad;  /* r1 rounded up to the lanes */
+    int64_t r1use;  /* r1pad, or the task's rows if fewer */
+} key_slice;
+
+static void slices_begin(const flash_plan *pl, const task_rows *t, int64_t chunk, key_slice *sl) {
+    memset(sl, 0, sizeof *sl);
+    if (t->nq > 0)
+        sdpa__block_keys(t->p, t->i0, t->i0 + t->nq, &sl->jlo, &sl->jhi);
     if (pl->n_chunks > 1) {
-        jlo = jlo > chunk * pl->chunk ? jlo : chunk * pl->chunk;
-        jhi = jhi < (chunk + 1) * pl->chunk ? jhi : (chunk + 1) * pl->chunk;
+        sl->jlo = sl->jlo > chunk * pl->chunk ? sl->jlo : chunk * pl->chunk;
+        sl->jhi = sl->jhi < (chunk + 1) * pl->chunk ? sl->jhi : (chunk + 1) * pl->chunk;
     }
+    sl->j0 = sl->jlo / KEY_TILE * KEY_TILE - KEY_TILE; /* before the first tile */
+}
 
-    for (int64_t j0 = jlo / KEY_TILE * KEY_TILE; j0 < jhi; j0 += KEY_TILE) {
-        const int64_t ja = j0 > jlo ? j0 : jlo, jb = j0 + KEY_TILE < jhi ? j0 + KEY_TILE : jhi;
-        const int whole = sdpa__block_whole(p, i0, i0 + nq, ja, jb);
-        /* A tile the window cuts through (the causal diagonal) goes in slices of KEY_SLICE
-         * keys, each computed only for the rows that see some of it: rows are sorted by
-         * position, so those are one range, and most of the hidden triangle is skipped. */
-        const int64_t step = whole ? KEY_TILE : KEY_SLICE;
-        int64_t nk;
-        for (int64_t js = ja; js < jb; js += nk) {
-            nk = js + step < jb ? step : jb - js;
-            if (p->block_table != NULL) /* a slice stays within one page of the cache */
-                nk = nk < p->page_size - js % p->page_size ? nk : p->page_size - js % p->page_size;
-            int64_t first, last; /* positions [first, last) see a key of the slice */
-            sdpa__block_queries(p, js, js + nk, i0, i0 + nq, &first, &last);
-            if (first >= last)
-                continue;
-            first -= i0;
-            last -= i0;
-            const int64_t r0 = first * p->group / uk->lanes * uk->lanes;
-            const int64_t r1 = last * p->group, r1pad = sdpa__round_up(r1, uk->lanes);
-            const int64_t r1use = r1pad < rows ? r1pad : rows;
-            float *s0 = s + r0;
-            /* qk_few serves f32 queries read in place (widened half-precision queries keep
-             * qk's order of summation); a half-precision cache is then read in place too */
-            const int few = uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
-                            r1pad - r0 == uk->lanes;
-            const int k_half = few && pl->k_half && uk->qk_few_half != NULL;
-            const int v_half = few && pl->v_half && uk->pv_few_half != NULL;
-            int64_t ldk, ldv;
-            if (rows <= SDPA__FEW_ROWS) {
-                prefetch_rows(p, &p->v, b, hk, js, nk, p->Dv);
-                /* K widened into kpack is read there, where qk_few's own requests ahead
-                 * land, and a paged cache's next slice is on another page, where they do
-                 * not reach: the next slice's K rows are asked for here instead */
-                const int64_t next = jhi - js - nk < nk ? jhi - js - nk : nk;
-                if (((!pl->k_direct && !k_half) || p->block_table != NULL) && next > 0)
-                    prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
-            }
-            if (k_half) {
-                uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),
-                                p->k.stride[2], tr.q_row + r0, (float)p->scale, s0, rp);
-            } else {
-                const float *kt =
-                    tile_rows(uk, p, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
-                if (few)
-                    uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, tr.q_row + r0, (float)p->scale, s0,
-                               rp);
-                else
-                    uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
-            }
-            if (!whole || pl->needs_post)
-                post_process(pl, p, b, &tr, r0, r1use, js, nk, whole, s0 - r0);
-            const int hidden = uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
-            if (pl->dropout)
-                drop_weights(pl, b, &tr, r0, r1use, js, nk, s);
-            float *o0 = o + r0 * pl->dvp;
-            if (v_half && !hidden) { /* (a hidden key's NaN is kept out by the path below) */
-                uk->pv_few_half((int)p->v.dtype, nk, r1use - r0, p->Dv, s0, rp, alpha + r0,
-                                kv_row(p, &p->v, b, hk, js), p->v.stride[2], o0, pl->dvp);
-                continue;
-            }
-            const float *vt =
-                tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
-            if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
-                uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
-                /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
-                sdpa__nan_of_visible_zeros(nk, r1use - r0, p->Dv, s0, s0, rp, 1, vt, ldv, o0,
-                                           pl->dvp);
-            } else
-                uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
+/* Moves to the next slice that some row sees. @return 0 when there is none. */
+static int slices_next(const flash_plan *pl, const task_rows *t, key_slice *sl) {
+    const sdpa__problem *p = t->p;
+    for (;;) {
+        sl->js += sl->nk;
+        if (sl->js >= sl->jb) {
+            sl->j0 += KEY_TILE;
+            if (sl->j0 >= sl->jhi)
+                return 0;
+            sl->ja = sl->j0 > sl->jlo ? sl->j0 : sl->jlo;
+            sl->jb = sl->j0 + KEY_TILE < sl->jhi ? sl->j0 + KEY_TILE : sl->jhi;
+            sl->whole = sdpa__block_whole(p, t->i0, t->i0 + t->nq, sl->ja, sl->jb);
+            sl->js = sl->ja;
         }
+        const int64_t step = sl->whole ? KEY_TILE : KEY_SLICE;
+        sl->nk = sl->js + step < sl->jb ? step : sl->jb - sl->js;
+        if (p->block_table != NULL) /* a slice stays within one page of the cache */
+            sl->nk = sl->nk < p->page_size - sl->js % p->page_size
+                         ? sl->nk
+                         : p->page_size - sl->js % p->page_size;
+        int64_t first, last; /* positions [first, last) see a key of the slice */
+        sdpa__block_queries(p, sl->js, sl->js + sl->nk, t->i0, t->i0 + t->nq, &first, &last);
+        if (first >= last)
+            continue;
+        const int lanes = pl->uk->lanes;
+        sl->r0 = (first - t->i0) * p->group / lanes * lanes;
+        sl->r1 = (last - t->i0) * p->group;
+        sl->r1pad = sdpa__round_up(sl->r1, lanes);
+        sl->r1use = sl->r1pad < t->rows ? sl->r1pad : t->rows;
+        return 1;
+    }
+}
+
+static void flash_task(void *arg, int64_t task_chunk, int worker) {
+    const flash_plan *pl = arg;
+    const sdpa__ukernels *uk = pl->uk;
+    const int64_t task = task_chunk / pl->n_chunks, chunk = task_chunk % pl->n_chunks;
+    task_rows t;
+    task_scratch tr;
+    task_begin(pl, task, worker, &t, &tr);
+    const sdpa__problem *p = t.p;
+    const int64_t b = t.b, hk = t.hk, bh = t.bh, qb = t.qb, rows = t.rows, rp = pl->rp;
+    const int64_t rows_all = t.rows_all;
+    float *qt = tr.qt, *s = tr.s, *o = tr.o, *m = tr.m, *l = tr.l, *alpha = tr.alpha;
+    memset(o, 0, (size_t)(t.rows_all * pl->dvp) * sizeof *o);
+
+    key_slice sl;
+    for (slices_begin(pl, &t, chunk, &sl); slices_next(pl, &t, &sl);) {
+        const int64_t js = sl.js, nk = sl.nk, r0 = sl.r0, r1pad = sl.r1pad, r1use = sl.r1use;
+        float *s0 = s + r0;
+        /* qk_few serves f32 queries read in place (widened half-precision queries keep
+         * qk's order of summation); a half-precision cache is then read in place too */
+        const int few = uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
+                        r1pad - r0 == uk->lanes;
+        const int k_half = few && pl->k_half && uk->qk_few_half != NULL;
+        const int v_half = few && pl->v_half && uk->pv_few_half != NULL;
+        int64_t ldk, ldv;
+        if (rows <= SDPA__FEW_ROWS) {
+            prefetch_rows(p, &p->v, b, hk, js, nk, p->Dv);
+            /* K widened into kpack is read there, where qk_few's own requests ahead
+             * land, and a paged cache's next slice is on another page, where they do
+             * not reach: the next slice's K rows are asked for here instead */
+            const int64_t next = sl.jhi - js - nk < nk ? sl.jhi - js - nk : nk;
+            if (((!pl->k_direct && !k_half) || p->block_table != NULL) && next > 0)
+                prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
+        }
+        if (k_half) {
+            uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),
+                            p->k.stride[2], tr.q_row + r0, (float)p->scale, s0, rp);
+        } else {
+            const float *kt =
+                tile_rows(uk, p, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
+            if (few)
+                uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, tr.q_row + r0, (float)p->scale, s0, rp);
+            else
+                uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
+        }
+        if (!sl.whole || pl->needs_post)
+            post_process(pl, p, b, &tr, r0, r1use, js, nk, sl.whole, s0 - r0);
+        const int hidden = uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
+        if (pl->dropout)
+            drop_weights(pl, b, &tr, r0, r1use, js, nk, s);
+        float *o0 = o + r0 * pl->dvp;
+        if (v_half && !hidden) { /* (a hidden key's NaN is kept out by the path below) */
+            uk->pv_few_half((int)p->v.dtype, nk, r1use - r0, p->Dv, s0, rp, alpha + r0,
+                            kv_row(p, &p->v, b, hk, js), p->v.stride[2], o0, pl->dvp);
+            continue;
+        }
+        const float *vt =
+            tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
+        if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
+            uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
+            /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
+            sdpa__nan_of_visible_zeros(nk, r1use - r0, p->Dv, s0, s0, rp, 1, vt, ldv, o0, pl->dvp);
+        } else
+            uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
     }
 
     /* O = acc / l, LSE = m + log l (summed in double: one rounding, not three); rows that saw
@@ -413,6 +469,85 @@ static void merge_task(void *arg, int64_t task, int worker) {
     }
 }
 
+/* The scores of a slice's rows, as flash_task forms them with qk: into tr->s, transposed. */
+static void slice_scores(const flash_plan *pl, const task_rows *t, const key_slice *sl,
+                         const task_scratch *tr) {
+    const sdpa__problem *p = t->p;
+    int64_t ldk;
+    const float *kt = tile_rows(pl->uk, p, &p->k, pl->k_direct, t->b, t->hk, sl->js, sl->nk, p->Dk,
+                                tr->kpack, &ldk);
+    pl->uk->qk(sl->nk, sl->r1pad - sl->r0, p->Dk, kt, ldk, tr->qt + sl->r0, pl->rp, (float)p->scale,
+               tr->s + sl->r0, pl->rp);
+    if (!sl->whole || pl->needs_post)
+        post_process(pl, p, t->b, tr, sl->r0, sl->r1use, sl->js, sl->nk, sl->whole, tr->s);
+}
+
+/* sdpa_weights' task (b, hk, query block): the weights p_ij = exp(s_ij - m_i) / l_i of the
+ * block's rows, in two sweeps over the keys the rows see, each forming the scores as
+ * flash_task does (qk, then the window and post_process). The first takes the online
+ * softmax's running max m and sum l (its weights are dropped); the second forms
+ * exp(s - m) with the table's exp_lse and multiplies by 1 / l (f / l with a sink, f its
+ * factor, as flash_task scales O), so that each weight is rounded a few times in f32 and
+ * never through the log of the LSE. Hidden keys, and keys outside the rows' reach, are +0; a
+ * NaN row (l NaN) is NaN wherever it sees a key. Before dropout, as the reference. */
+static void weights_task(void *arg, int64_t task, int worker) {
+    const flash_plan *pl = arg;
+    const sdpa__ukernels *uk = pl->uk;
+    task_rows t;
+    task_scratch tr;
+    task_begin(pl, task, worker, &t, &tr);
+    const sdpa__problem *p = t.p;
+    const int64_t b = t.b, rp = pl->rp;
+    const sdpa_tensor *w = pl->weights;
+    float *m = tr.m, *l = tr.l;
+
+    // pass 1: each row's max m and sum l
+    key_slice sl;
+    for (slices_begin(pl, &t, 0, &sl); slices_next(pl, &t, &sl);) {
+        slice_scores(pl, &t, &sl, &tr);
+        uk->softmax(sl.nk, sl.r1pad - sl.r0, tr.s + sl.r0, rp, m + sl.r0, l + sl.r0,
+                    tr.alpha + sl.r0);
+    }
+
+    // each row's factor 1 / l (alpha), and every weight of the row +0 until pass 2 sets it
+    for (int64_t r = 0; r < t.rows; r++) {
+        float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
+        if (p->sinks != NULL && l[r] != 0.0f) {
+            double row_lse = (double)m[r] + log((double)l[r]);
+            inv = (float)(sdpa__add_sink((double)p->sinks[tr.h[r]], &row_lse) / (double)l[r]);
+        }
+        tr.alpha[r] = inv;
+        float *w_r = (float *)w->data + sdpa__offset(w, b, tr.h[r], tr.i[r], 0);
+        for (int64_t j = 0; j < p->Lk; j++)
+            w_r[j * w->stride[3]] = 0.0f;
+    }
+
+    // pass 2: p_ij = exp(s_ij - m_i) / l_i, each slice's rows transposed into theirs
+    for (slices_begin(pl, &t, 0, &sl); slices_next(pl, &t, &sl);) {
+        slice_scores(pl, &t, &sl, &tr);
+        for (int64_t jj = 0; jj < sl.nk; jj++)
+            memcpy(tr.sraw + jj * rp + sl.r0, tr.s + jj * rp + sl.r0,
+                   (size_t)(sl.r1pad - sl.r0) * sizeof(float));
+        uk->exp_lse(sl.nk, sl.r1pad - sl.r0, tr.s + sl.r0, rp, m + sl.r0);
+        for (int64_t r = sl.r0; r < sl.r1use; r++) {
+            float *w_r = (float *)w->data + sdpa__offset(w, b, tr.h[r], tr.i[r], sl.js);
+            for (int64_t jj = 0; jj < sl.nk; jj++) {
+                float e = tr.s[jj * rp + r];
+                if (sdpa__hidden_mask(e)) { /* +0, whatever the factor (a NaN row's) */
+                    w_r[jj * w->stride[3]] = 0.0f;
+                    continue;
+                }
+                /* The tables' exp keeps its accuracy down to f32's smallest normal: below it
+                 * (s - m < -87, seldom), where the weight is a subnormal or 0 (PyTorch
+                 * prints exp(-100) = 3.78e-44 and exp(-150) = 0), libm's expf takes over. */
+                if (e < 0x1p-125f)
+                    e = expf(tr.sraw[jj * rp + r] - m[r]);
+                w_r[jj * w->stride[3]] = e * tr.alpha[r];
+            }
+        }
+    }
+}
+
 /* How many chunks the keys of each task are cut into (see SPLIT_TASKS), and how long they
  * are; from the problem only. */
 static void plan_split(flash_plan *pl) {
@@ -461,35 +596,42 @@ static void redo_overflowed_rows(const sdpa__problem *p, sdpa_tensor *out, sdpa_
     }
 }
 
+/* The plan's fields that depend on the problem and the table only (not the split). */
+static void plan_init(flash_plan *pl, const sdpa__impl *self, const sdpa__problem *p) {
+    memset(pl, 0, sizeof *pl);
+    pl->p = p;
+    pl->uk = self->uk;
+    pl->bq = TARGET_ROWS / p->group > 1 ? TARGET_ROWS / p->group : 1;
+    if (pl->bq > p->Lq)
+        pl->bq = p->Lq;
+    pl->n_qb = (p->Lq + pl->bq - 1) / pl->bq;
+    pl->n_chunks = 1;
+    pl->chunk = p->Lk;
+    pl->rp = sdpa__round_up(p->group * pl->bq, 16); /* a multiple of every ISA's lanes */
+    pl->dvp = sdpa__round_up(p->Dv, 16);
+    pl->q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
+    pl->k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
+    pl->v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
+    pl->dropout = p->dropout_p > 0.0;
+    if (pl->dropout) {
+        pl->keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
+        pl->threshold = sdpa__dropout_threshold(p->dropout_p);
+        sdpa__dropout_key(p->dropout_seed, p->dropout_offset, pl->key);
+    }
+    pl->k_half = p->k.dtype != SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
+    pl->v_half = p->v.dtype != SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
+    pl->needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
+}
+
 sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                                 sdpa_tensor *out, sdpa_tensor *lse) {
     _Static_assert(SDPA__ELEM_F32 == (int)SDPA_F32 && SDPA__ELEM_F16 == (int)SDPA_F16 &&
                        SDPA__ELEM_BF16 == (int)SDPA_BF16,
                    "the micro-kernels' element codes are sdpa_dtype values");
     flash_plan pl;
-    memset(&pl, 0, sizeof pl);
-    pl.p = p;
-    pl.uk = self->uk;
+    plan_init(&pl, self, p);
     pl.out = out;
     pl.lse = lse;
-    pl.bq = TARGET_ROWS / p->group > 1 ? TARGET_ROWS / p->group : 1;
-    if (pl.bq > p->Lq)
-        pl.bq = p->Lq;
-    pl.n_qb = (p->Lq + pl.bq - 1) / pl.bq;
-    pl.rp = sdpa__round_up(p->group * pl.bq, 16); /* a multiple of every ISA's lanes */
-    pl.dvp = sdpa__round_up(p->Dv, 16);
-    pl.q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
-    pl.k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
-    pl.v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
-    pl.dropout = p->dropout_p > 0.0;
-    if (pl.dropout) {
-        pl.keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
-        pl.threshold = sdpa__dropout_threshold(p->dropout_p);
-        sdpa__dropout_key(p->dropout_seed, p->dropout_offset, pl.key);
-    }
-    pl.k_half = p->k.dtype != SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
-    pl.v_half = p->v.dtype != SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
-    pl.needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
     plan_split(&pl);
     task_scratch unused;
     pl.per_worker = layout(&pl, NULL, &unused);
@@ -514,6 +656,22 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
         sdpa__parallel_for(ctx, tasks, merge_task, &pl);
     if (atomic_load(&overflowed))
         redo_overflowed_rows(p, out, lse, (double *)after);
+    sdpa__free(ctx, pl.scratch);
+    return SDPA_OK;
+}
+
+sdpa_status sdpa__flash_weights(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
+                                sdpa_tensor *weights) {
+    flash_plan pl;
+    plan_init(&pl, self, p);
+    pl.weights = weights;
+    task_scratch unused;
+    pl.per_worker = layout(&pl, NULL, &unused);
+    const size_t bytes = (size_t)sdpa__n_workers(ctx) * pl.per_worker;
+    pl.scratch = sdpa__alloc(ctx, bytes, 64);
+    if (pl.scratch == NULL)
+        return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash weights: no memory for %zu bytes", bytes);
+    sdpa__parallel_for(ctx, p->B * p->Hkv * pl.n_qb, weights_task, &pl);
     sdpa__free(ctx, pl.scratch);
     return SDPA_OK;
 }

@@ -11,6 +11,11 @@
 sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                                 sdpa_tensor *out, sdpa_tensor *lse);
 
+/* The attention weights (B, Hq, Lq, Lk) F32 of sdpa_weights, every element written once.
+ * May fail only with NOMEM, before writing. */
+sdpa_status sdpa__flash_weights(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
+                                sdpa_tensor *weights);
+
 /* The gradients (flash_backward.c): from dout (B, Hq, Lq, Dv) and the forward's out
  * (B, Hq, Lq, Dv) and lse (B, Hq, Lq, 1) F32, writes dq (B, Hq, Lq, Dk), dk (B, Hkv, Lk, Dk) and
  * dv (B, Hkv, Lk, Dv), every element once. May fail only with NOMEM, before writing. */

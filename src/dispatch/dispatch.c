@@ -38,6 +38,7 @@ static const sdpa__impl flash_generic = {.name = "flash-generic",
                                          .needs = 0,
                                          .uk = &sdpa__uk_generic,
                                          .forward = sdpa__flash_forward,
+                                         .weights = sdpa__flash_weights,
                                          .backward = sdpa__flash_backward};
 #if defined(SDPA_HAVE_X86)
 static const sdpa__impl flash_avx2 = {.name = "flash-avx2",
@@ -45,12 +46,14 @@ static const sdpa__impl flash_avx2 = {.name = "flash-avx2",
                                       .needs = SDPA__NEEDS_AVX2,
                                       .uk = &sdpa__uk_avx2,
                                       .forward = sdpa__flash_forward,
+                                      .weights = sdpa__flash_weights,
                                       .backward = sdpa__flash_backward};
 static const sdpa__impl flash_avx512 = {.name = "flash-avx512",
                                         .level = SDPA_ISA_AVX512,
                                         .needs = SDPA__NEEDS_AVX512,
                                         .uk = &sdpa__uk_avx512,
                                         .forward = sdpa__flash_forward,
+                                        .weights = sdpa__flash_weights,
                                         .backward = sdpa__flash_backward};
 #endif
 
