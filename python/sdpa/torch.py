@@ -12,6 +12,11 @@ reads the forward's out and log-sum-exp, and with dropout the same seed and offs
 sees the same mask. The gradient of the log-sum-exp output is not propagated (it is an
 auxiliary output; the library's backward differentiates out). CPU tensors of float32,
 float16 and bfloat16.
+
+Attention sinks (sinks=, one logit per query head) take part in the forward and, through the
+log-sum-exp, in the gradients of q, k and v; the sink logits themselves get no gradient,
+because the library computes none. Rather than hand back a silent None, the operator refuses
+sinks that require a gradient (ValueError): pass sinks.detach() to keep them fixed.
 """
 
 from typing import List, Optional, Tuple
@@ -25,29 +30,35 @@ from . import scaled_dot_product_attention as _forward
 __all__ = ["scaled_dot_product_attention"]
 
 
-def _kwargs(window_left, window_right, use_window, bottom_right, softcap, slopes):
+def _kwargs(window_left, window_right, use_window, bottom_right, softcap, slopes, sinks):
     return dict(window=(window_left, window_right) if use_window else None,
                 alignment="bottom-right" if bottom_right else "top-left",
-                softcap=softcap if softcap > 0 else None, alibi_slopes=slopes)
+                softcap=softcap if softcap > 0 else None, alibi_slopes=slopes, sinks=sinks)
+
+
+_NO_SINK_GRAD = ("sinks: the tensor requires a gradient, which sdpa does not compute (the "
+                 "library differentiates q, k and v only); pass sinks.detach() to keep the "
+                 "sinks fixed")
 
 
 @torch.library.custom_op("sdpa::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
               dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool,
               window_left: int, window_right: int, use_window: bool, bottom_right: bool,
-              softcap: float, slopes: Optional[torch.Tensor], seed: int,
-              offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
+              softcap: float, slopes: Optional[torch.Tensor], sinks: Optional[torch.Tensor],
+              seed: int, offset: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """sdpa_forward: (out, lse)."""
     return _forward(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                     scale=scale, enable_gqa=enable_gqa, return_lse=True, dropout_seed=seed,
                     dropout_offset=offset,
                     **_kwargs(window_left, window_right, use_window, bottom_right, softcap,
-                              slopes))
+                              slopes, sinks))
 
 
 @attention.register_fake
 def _attention_fake(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, window_left,
-                    window_right, use_window, bottom_right, softcap, slopes, seed, offset):
+                    window_right, use_window, bottom_right, softcap, slopes, sinks, seed,
+                    offset):
     return (q.new_empty(q.shape[:-1] + (v.shape[-1],)),
             q.new_empty(q.shape[:-1], dtype=torch.float32))
 
@@ -58,13 +69,14 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        dropout_p: float, is_causal: bool, scale: Optional[float],
                        enable_gqa: bool, window_left: int, window_right: int, use_window: bool,
                        bottom_right: bool, softcap: float, slopes: Optional[torch.Tensor],
-                       seed: int, offset: int) -> List[torch.Tensor]:
+                       sinks: Optional[torch.Tensor], seed: int,
+                       offset: int) -> List[torch.Tensor]:
     """sdpa_backward: [dq, dk, dv]."""
     dq, dk, dv = _backward(q, k, v, out, lse, dout, attn_mask=mask, dropout_p=dropout_p,
                            is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            dropout_seed=seed, dropout_offset=offset,
                            **_kwargs(window_left, window_right, use_window, bottom_right,
-                                     softcap, slopes))
+                                     softcap, slopes, sinks))
     return [dq, dk, dv]
 
 
@@ -73,7 +85,12 @@ def _attention_backward_fake(q, k, v, out, lse, dout, *args):
     return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
 
 
+_SINKS = 14  # the position of sinks among sdpa::attention's inputs
+
+
 def _setup_context(ctx, inputs, output):
+    if inputs[_SINKS] is not None and inputs[_SINKS].requires_grad:
+        raise ValueError(_NO_SINK_GRAD)
     q, k, v, mask = inputs[:4]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
@@ -85,7 +102,7 @@ def _autograd_backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.sdpa.attention_backward(q, k, v, out, lse, dout.contiguous(),
                                                    ctx.mask, *ctx.params)
-    return (dq, dk, dv) + (None,) * 13
+    return (dq, dk, dv) + (None,) * 14
 
 
 attention.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -94,11 +111,12 @@ attention.register_autograd(_autograd_backward, setup_context=_setup_context)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,
                                  is_causal=False, scale=None, enable_gqa=False, *, window=None,
                                  alignment="top-left", softcap=None, alibi_slopes=None,
-                                 dropout_seed=None, dropout_offset=None):
+                                 sinks=None, dropout_seed=None, dropout_offset=None):
     """torch.nn.functional.scaled_dot_product_attention through sdpa, with autograd: the
     arguments and extras of sdpa.scaled_dot_product_attention (see help(sdpa)); returns out.
     With dropout and no seed, a fresh (seed, offset) is drawn per call and the backward
-    reuses it."""
+    reuses it. Gradients flow to query, key and value; sinks (one logit per query head) get
+    none, and sinks that require one are refused with ValueError (pass sinks.detach())."""
     if alignment not in ("top-left", "bottom-right"):
         raise ValueError("alignment=%r: expected 'top-left' or 'bottom-right'" % (alignment,))
     if dropout_p > 0 and dropout_seed is None:
@@ -107,9 +125,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     wl, wr = (int(window[0]), int(window[1])) if use_window else (-1, -1)
     if alibi_slopes is not None and not isinstance(alibi_slopes, torch.Tensor):
         alibi_slopes = torch.tensor(alibi_slopes, dtype=torch.float32)
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        sinks = torch.tensor(sinks, dtype=torch.float32)
+    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
+        raise ValueError(_NO_SINK_GRAD)
     out, _ = torch.ops.sdpa.attention(
         query, key, value, attn_mask, float(dropout_p), bool(is_causal),
         None if scale is None else float(scale), bool(enable_gqa), wl, wr, use_window,
         alignment == "bottom-right", 0.0 if softcap is None else float(softcap), alibi_slopes,
-        int(dropout_seed or 0), int(dropout_offset or 0))
+        sinks, int(dropout_seed or 0), int(dropout_offset or 0))
     return out

@@ -6,35 +6,27 @@
  * sdpa/__init__.py) of rank 4, with the sdpa dtype as a separate code (so bfloat16, which has
  * no buffer format, arrives as 2-byte unsigned integers). Strides come from the buffer,
  * converted from bytes to elements, so any view the C API can express is taken without a copy.
- * fast_forward, the common case of scaled_dot_product_attention in one call, reads numpy
- * arrays of any rank the same way and makes its result with numpy.empty, both of which
- * sdpa/__init__.py hands over through set_numpy (see "the fast path" below); merge takes its
- * parts as two sequences of (buffer, dtype) pairs. The GIL is released while the library
- * computes; a library error becomes ValueError (arguments), TypeError (dtypes), MemoryError
- * (memory) or RuntimeError (anything else), with the library's message.
+ * fast_forward (fast.c), the common case of scaled_dot_product_attention in one call, reads
+ * numpy arrays of any rank the same way and makes its result with numpy.empty, both of which
+ * sdpa/__init__.py hands over through set_numpy; merge takes its parts as two sequences of
+ * (buffer, dtype) pairs; forward_kv takes a KV cache's lengths and block table as C-contiguous
+ * int32 buffers, whose lengths it checks against the batch (the library cannot). The GIL is
+ * released while the library computes; a library error becomes ValueError (arguments and
+ * indices), TypeError (dtypes), MemoryError (memory) or RuntimeError (anything else, such as
+ * a context busy in another thread), with the library's message.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#include "sdpa.h"
+#include "sdpa_py.h"
 
 #include <string.h>
 
-/* the highest rank the fast path takes (numpy's limit is 64) */
-#define SDPA_PY_MAX_RANK 64
-
 /* ---- the context ---- */
 
-typedef struct {
-    PyObject_HEAD sdpa_ctx *ctx;
-} ContextObject;
-
-static void context_dealloc(ContextObject *self) {
+static void context_dealloc(sdpa_py_context *self) {
     sdpa_ctx_destroy(self->ctx);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int context_init(ContextObject *self, PyObject *args, PyObject *kwargs) {
+static int context_init(sdpa_py_context *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"n_threads", "max_isa", NULL};
     int n_threads = 0, max_isa = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|ii", names, &n_threads, &max_isa))
@@ -56,7 +48,7 @@ static int context_init(ContextObject *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-static PyObject *context_get(ContextObject *self, void *what) {
+static PyObject *context_get(sdpa_py_context *self, void *what) {
     if (self->ctx == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the context is not initialised");
         return NULL;
@@ -79,9 +71,9 @@ static PyGetSetDef context_getset[] = {
      "describe"},
     {NULL, NULL, NULL, NULL, NULL}};
 
-static PyTypeObject ContextType = {
+PyTypeObject sdpa_py_context_type = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sdpa._sdpa.Context",
-    .tp_basicsize = sizeof(ContextObject),
+    .tp_basicsize = sizeof(sdpa_py_context),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "Context(n_threads=0, max_isa=0): the library's threads, kernels and scratch.\n"
               "One call at a time uses a context; another thread's call on it fails with\n"
@@ -94,16 +86,9 @@ static PyTypeObject ContextType = {
 
 /* ---- tensors from buffers ---- */
 
-/* One argument: the buffer it holds and the view of it the library reads or writes. */
-typedef struct arg {
-    Py_buffer buf;
-    int held;
-    sdpa_tensor t;
-} arg;
-
 /* Takes obj (rank 4, with the buffer protocol) as a tensor of dtype; writable for outputs.
  * @return 0, or -1 with a Python exception naming the argument. */
-static int take(arg *a, PyObject *obj, int dtype, int writable, const char *name) {
+static int take(sdpa_py_arg *a, PyObject *obj, int dtype, int writable, const char *name) {
     memset(a, 0, sizeof *a);
     const int flags = PyBUF_STRIDES | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, &a->buf, flags) != 0) {
@@ -134,14 +119,14 @@ static int take(arg *a, PyObject *obj, int dtype, int writable, const char *name
     return 0;
 }
 
-static void drop(arg *a) {
+void sdpa_py_drop(sdpa_py_arg *a) {
     if (a->held)
         PyBuffer_Release(&a->buf);
     a->held = 0;
 }
 
 /* Raises the Python exception for a library status, with the context's message. */
-static PyObject *fail(sdpa_status st, const sdpa_ctx *ctx) {
+PyObject *sdpa_py_fail(sdpa_status st, const sdpa_ctx *ctx) {
     PyObject *type = PyExc_RuntimeError;
     switch (st) {
     case SDPA_ERR_NOMEM:
@@ -158,6 +143,7 @@ static PyObject *fail(sdpa_status st, const sdpa_ctx *ctx) {
     case SDPA_ERR_OVERFLOW:
     case SDPA_ERR_PARAM:
     case SDPA_ERR_ALIAS:
+    case SDPA_ERR_INDEX:
         type = PyExc_ValueError;
         break;
     default:
@@ -169,18 +155,41 @@ static PyObject *fail(sdpa_status st, const sdpa_ctx *ctx) {
     return NULL;
 }
 
+/* The parameters and the buffers their per-head arrays point into. */
+typedef struct params_arg {
+    sdpa_params p;
+    Py_buffer slopes, sinks;
+    int have_slopes, have_sinks;
+} params_arg;
+
+/* Takes obj (None, or a C-contiguous float32 buffer) as a per-head array. */
+static int take_floats(Py_buffer *b, int *held, const float **to, PyObject *obj, const char *name) {
+    if (obj == Py_None)
+        return 0;
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+        return -1;
+    *held = 1;
+    if (b->itemsize != 4 || b->format == NULL || strcmp(b->format, "f") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s: float32 values expected", name);
+        return -1;
+    }
+    *to = b->buf;
+    return 0;
+}
+
 /* The parameters, from a tuple the Python layer builds:
  *   (scale, causal, align, window or None, softcap, slopes buffer or None, dropout_p, seed,
- *    offset). */
-static int parse_params(PyObject *t, sdpa_params *p, Py_buffer *slopes, int *have_slopes) {
-    memset(p, 0, sizeof *p);
-    *have_slopes = 0;
+ *    offset, sinks buffer or None).
+ * @return 0, or -1 with an exception; release pa with params_release either way. */
+static int parse_params(PyObject *t, params_arg *pa) {
+    memset(pa, 0, sizeof *pa);
+    sdpa_params *p = &pa->p;
     double scale, softcap, dropout_p;
     int causal, align;
-    PyObject *window, *sl;
+    PyObject *window, *sl, *sk;
     unsigned long long seed, offset;
-    if (!PyArg_ParseTuple(t, "dpiOdOdKK", &scale, &causal, &align, &window, &softcap, &sl,
-                          &dropout_p, &seed, &offset))
+    if (!PyArg_ParseTuple(t, "dpiOdOdKKO", &scale, &causal, &align, &window, &softcap, &sl,
+                          &dropout_p, &seed, &offset, &sk))
         return -1;
     p->scale = (float)scale;
     p->causal = causal;
@@ -197,21 +206,37 @@ static int parse_params(PyObject *t, sdpa_params *p, Py_buffer *slopes, int *hav
     p->dropout_p = (float)dropout_p;
     p->dropout_seed = seed;
     p->dropout_offset = offset;
-    if (sl != Py_None) {
-        if (PyObject_GetBuffer(sl, slopes, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
-            return -1;
-        *have_slopes = 1;
-        if (slopes->itemsize != 4 || slopes->format == NULL || strcmp(slopes->format, "f") != 0) {
-            PyErr_SetString(PyExc_TypeError, "alibi_slopes: float32 values expected");
-            return -1;
-        }
-        p->alibi_slopes = slopes->buf;
-    }
+    if (take_floats(&pa->slopes, &pa->have_slopes, &p->alibi_slopes, sl, "alibi_slopes") != 0 ||
+        take_floats(&pa->sinks, &pa->have_sinks, &p->sinks, sk, "sinks") != 0)
+        return -1;
     return 0;
 }
 
+/* The library reads Hq values from each per-head array: refuse a shorter one here.
+ * @return 0, or -1 with ValueError. */
+static int params_check_heads(const params_arg *pa, int64_t hq) {
+    const Py_buffer *b[2] = {&pa->slopes, &pa->sinks};
+    const int held[2] = {pa->have_slopes, pa->have_sinks};
+    static const char *const names[2] = {"alibi_slopes", "sinks"};
+    for (int n = 0; n < 2; n++)
+        if (held[n] && b[n]->len != hq * 4) {
+            PyErr_Format(PyExc_ValueError, "%s: %zd values for %lld query heads", names[n],
+                         b[n]->len / 4, (long long)hq);
+            return -1;
+        }
+    return 0;
+}
+
+static void params_release(params_arg *pa) {
+    if (pa->have_slopes)
+        PyBuffer_Release(&pa->slopes);
+    if (pa->have_sinks)
+        PyBuffer_Release(&pa->sinks);
+    pa->have_slopes = pa->have_sinks = 0;
+}
+
 /* A tensor argument: (buffer, dtype code) or None. */
-static int take_opt(arg *a, PyObject *pair, int writable, const char *name) {
+static int take_opt(sdpa_py_arg *a, PyObject *pair, int writable, const char *name) {
     memset(a, 0, sizeof *a);
     if (pair == Py_None)
         return 0;
@@ -222,12 +247,12 @@ static int take_opt(arg *a, PyObject *pair, int writable, const char *name) {
     return take(a, obj, dtype, writable, name);
 }
 
-static ContextObject *context_of(PyObject *o) {
-    if (!PyObject_TypeCheck(o, &ContextType) || ((ContextObject *)o)->ctx == NULL) {
+static sdpa_py_context *context_of(PyObject *o) {
+    if (!PyObject_TypeCheck(o, &sdpa_py_context_type) || ((sdpa_py_context *)o)->ctx == NULL) {
         PyErr_SetString(PyExc_TypeError, "context: an initialised sdpa.Context expected");
         return NULL;
     }
-    return (ContextObject *)o;
+    return (sdpa_py_context *)o;
 }
 
 /* The three entry points share this: up to 9 tensors (NULL where absent), the params. */
@@ -242,48 +267,47 @@ static PyObject *call(int op, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &ctx_obj, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5],
                           &t[6], &t[7], &t[8], &mask_obj, &params_obj))
         return NULL;
-    ContextObject *c = context_of(ctx_obj);
+    sdpa_py_context *c = context_of(ctx_obj);
     if (c == NULL)
         return NULL;
-    arg a[9], mask;
+    sdpa_py_arg a[9], mask;
     memset(a, 0, sizeof a);
     memset(&mask, 0, sizeof mask);
-    Py_buffer slopes;
-    int have_slopes = 0;
-    sdpa_params p;
+    params_arg pa;
+    memset(&pa, 0, sizeof pa);
     PyObject *result = NULL;
     for (int n = 0; n < 9; n++)
         if (take_opt(&a[n], t[n], outputs[op][n], names[n]) != 0)
             goto done;
-    if (take_opt(&mask, mask_obj, 0, "attn_mask") != 0 ||
-        parse_params(params_obj, &p, &slopes, &have_slopes) != 0)
+    if (take_opt(&mask, mask_obj, 0, "attn_mask") != 0 || parse_params(params_obj, &pa) != 0 ||
+        (a[0].held && params_check_heads(&pa, a[0].t.shape[1]) != 0))
         goto done;
+    sdpa_params *p = &pa.p;
     if (mask.held)
-        p.mask = &mask.t;
+        p->mask = &mask.t;
     sdpa_tensor *v[9];
     for (int n = 0; n < 9; n++)
         v[n] = a[n].held ? &a[n].t : NULL;
     sdpa_status st;
     Py_BEGIN_ALLOW_THREADS;
     if (op == OP_FORWARD)
-        st = sdpa_forward(c->ctx, v[0], v[1], v[2], &p, v[3], v[4]);
+        st = sdpa_forward(c->ctx, v[0], v[1], v[2], p, v[3], v[4]);
     else if (op == OP_WEIGHTS)
-        st = sdpa_weights(c->ctx, v[0], v[1], &p, v[3]);
+        st = sdpa_weights(c->ctx, v[0], v[1], p, v[3]);
     else
-        st = sdpa_backward(c->ctx, v[0], v[1], v[2], v[3], v[4], v[5], &p, v[6], v[7], v[8]);
+        st = sdpa_backward(c->ctx, v[0], v[1], v[2], v[3], v[4], v[5], p, v[6], v[7], v[8]);
     Py_END_ALLOW_THREADS;
     if (st != SDPA_OK) {
-        fail(st, c->ctx);
+        sdpa_py_fail(st, c->ctx);
         goto done;
     }
     Py_INCREF(Py_None);
     result = Py_None;
 done:
     for (int n = 0; n < 9; n++)
-        drop(&a[n]);
-    drop(&mask);
-    if (have_slopes)
-        PyBuffer_Release(&slopes);
+        sdpa_py_drop(&a[n]);
+    sdpa_py_drop(&mask);
+    params_release(&pa);
     return result;
 }
 
@@ -302,6 +326,107 @@ static PyObject *py_backward(PyObject *self, PyObject *args) {
     return call(OP_BACKWARD, args);
 }
 
+/* An int32 index array of a KV cache: None, or a C-contiguous buffer of n 4-byte integers
+ * (the library reads n and cannot check it). @return 0, or -1 with an exception. */
+static int take_index(Py_buffer *b, int *held, const int32_t **to, PyObject *obj, int64_t n,
+                      const char *name) {
+    *held = 0;
+    *to = NULL;
+    if (obj == Py_None)
+        return 0;
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0)
+        return -1;
+    *held = 1;
+    const char *f = b->format;
+    if (b->itemsize != 4 || f == NULL || f[0] == 0 || f[1] != 0 ||
+        (f[0] != 'i' && !(f[0] == 'l' && sizeof(long) == 4))) {
+        PyErr_Format(PyExc_TypeError, "%s: int32 values expected", name);
+        return -1;
+    }
+    if (b->len != n * 4) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd values, expected %lld", name, b->len / 4,
+                     (long long)n);
+        return -1;
+    }
+    *to = b->buf;
+    return 0;
+}
+
+/* forward_kv(ctx, (q, dt), (k, dt), (v, dt), (out, dt), lse|None, seqlens_k|None,
+ *            seqlens_q|None, block_table|None, max_pages, mask|None, params): sdpa_forward_kv
+ * on rank-4 buffers, the index arrays int32 (B values each, the block table B x max_pages). */
+static PyObject *py_forward_kv(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ctx_obj, *t[5], *idx_obj[3], *mask_obj, *params_obj;
+    long long max_pages;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOLOO", &ctx_obj, &t[0], &t[1], &t[2], &t[3], &t[4],
+                          &idx_obj[0], &idx_obj[1], &idx_obj[2], &max_pages, &mask_obj,
+                          &params_obj))
+        return NULL;
+    sdpa_py_context *c = context_of(ctx_obj);
+    if (c == NULL)
+        return NULL;
+    static const char *const names[5] = {"query", "k_cache", "v_cache", "out", "lse"};
+    static const char *const idx_names[3] = {"seqlens_k", "seqlens_q", "block_table"};
+    sdpa_py_arg a[5], mask;
+    memset(a, 0, sizeof a);
+    memset(&mask, 0, sizeof mask);
+    Py_buffer idx[3];
+    int idx_held[3] = {0, 0, 0};
+    const int32_t *idx_data[3] = {NULL, NULL, NULL};
+    params_arg pa;
+    memset(&pa, 0, sizeof pa);
+    PyObject *result = NULL;
+    for (int n = 0; n < 5; n++)
+        if (take_opt(&a[n], t[n], n >= 3, names[n]) != 0)
+            goto done;
+    if (!a[0].held || !a[1].held || !a[2].held || !a[3].held) {
+        PyErr_SetString(PyExc_TypeError, "forward_kv: query, k_cache, v_cache and out are needed");
+        goto done;
+    }
+    const int64_t batch = a[0].t.shape[0];
+    if (idx_obj[2] != Py_None && max_pages < 1) {
+        PyErr_Format(PyExc_ValueError, "block_table: max_pages=%lld must be >= 1", max_pages);
+        goto done;
+    }
+    if (idx_obj[2] != Py_None && batch > INT64_MAX / 4 / max_pages) {
+        PyErr_Format(PyExc_ValueError, "block_table: %lld x %lld entries are too many",
+                     (long long)batch, max_pages);
+        goto done;
+    }
+    for (int n = 0; n < 3; n++)
+        if (take_index(&idx[n], &idx_held[n], &idx_data[n], idx_obj[n],
+                       n == 2 ? batch * max_pages : batch, idx_names[n]) != 0)
+            goto done;
+    if (take_opt(&mask, mask_obj, 0, "attn_mask") != 0 || parse_params(params_obj, &pa) != 0 ||
+        params_check_heads(&pa, a[0].t.shape[1]) != 0)
+        goto done;
+    if (mask.held)
+        pa.p.mask = &mask.t;
+    sdpa_kv_cache cache = {&a[1].t,     &a[2].t,     idx_data[0],
+                           idx_data[1], idx_data[2], idx_data[2] != NULL ? (int64_t)max_pages : 0};
+    sdpa_tensor *lse = a[4].held ? &a[4].t : NULL;
+    sdpa_status st;
+    Py_BEGIN_ALLOW_THREADS;
+    st = sdpa_forward_kv(c->ctx, &a[0].t, &cache, &pa.p, &a[3].t, lse);
+    Py_END_ALLOW_THREADS;
+    if (st != SDPA_OK) {
+        sdpa_py_fail(st, c->ctx);
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (int n = 0; n < 5; n++)
+        sdpa_py_drop(&a[n]);
+    sdpa_py_drop(&mask);
+    for (int n = 0; n < 3; n++)
+        if (idx_held[n])
+            PyBuffer_Release(&idx[n]);
+    params_release(&pa);
+    return result;
+}
+
 /* merge(ctx, [(out_p, dt), ...], [(lse_p, dt), ...], (out, dt), (lse, dt) | None): sdpa_merge
  * on rank-4 buffers, the parts given as two sequences of the same length (>= 1). */
 static PyObject *py_merge(PyObject *self, PyObject *args) {
@@ -309,7 +434,7 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
     PyObject *ctx_obj, *outs_obj, *lses_obj, *out_obj, *lse_obj;
     if (!PyArg_ParseTuple(args, "OOOOO", &ctx_obj, &outs_obj, &lses_obj, &out_obj, &lse_obj))
         return NULL;
-    ContextObject *c = context_of(ctx_obj);
+    sdpa_py_context *c = context_of(ctx_obj);
     if (c == NULL)
         return NULL;
     PyObject *outs = PySequence_Fast(outs_obj, "outs: a sequence of (buffer, dtype) pairs");
@@ -323,7 +448,7 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(outs);
     PyObject *result = NULL;
     /* a[0, n): the parts' outputs, a[n, 2n): their LSEs, then out and lse */
-    arg *a = PyMem_Calloc((size_t)(2 * n + 2), sizeof *a);
+    sdpa_py_arg *a = PyMem_Calloc((size_t)(2 * n + 2), sizeof *a);
     sdpa_tensor *t = PyMem_Calloc((size_t)(2 * n + 1), sizeof *t);
     if (a == NULL || t == NULL) {
         PyErr_NoMemory();
@@ -359,7 +484,7 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
     st = sdpa_merge(c->ctx, (int64_t)n, t, t + n, out, lse);
     Py_END_ALLOW_THREADS;
     if (st != SDPA_OK) {
-        fail(st, c->ctx);
+        sdpa_py_fail(st, c->ctx);
         goto done;
     }
     Py_INCREF(Py_None);
@@ -367,278 +492,11 @@ static PyObject *py_merge(PyObject *self, PyObject *args) {
 done:
     if (a != NULL)
         for (Py_ssize_t k = 0; k < 2 * n + 2; k++)
-            drop(&a[k]);
+            sdpa_py_drop(&a[k]);
     PyMem_Free(a);
     PyMem_Free(t);
     Py_DECREF(outs);
     Py_DECREF(lses);
-    return result;
-}
-
-/* ---- the fast path of scaled_dot_product_attention ----
- *
- * sdpa/__init__.py hands every call to fast_forward first. It takes the common case without
- * building a single Python object but the result: numpy arrays (exactly numpy.ndarray) of
- * float32 or float16 in native byte order, read through the buffer protocol, of the same rank
- * >= 2 whose leading dimensions merge into one without a copy, no mask, no ALiBi, no dropout,
- * parameters of their plain types (bool, float, None, a tuple of two ints, one of the two
- * alignment strings), and as many heads in the query as in the key unless enable_gqa is True.
- * For anything else it returns NotImplemented, and the Python path (which checks, converts and
- * explains) takes the call; so every exception and message stays the Python path's. Where the
- * fast path computes, the library sees the very tensors and parameters the Python path would
- * give it, so an error the library reports reads the same too. numpy itself is not linked: its
- * ndarray type, numpy.empty and the two dtypes come from set_numpy(), called by __init__.py. */
-
-static PyObject *np_ndarray, *np_empty, *np_f32, *np_f16;
-
-static PyObject *py_set_numpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4 || !PyType_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "set_numpy(numpy.ndarray, numpy.empty, "
-                                         "numpy.dtype('float32'), numpy.dtype('float16'))");
-        return NULL;
-    }
-    PyObject **slots[4] = {&np_ndarray, &np_empty, &np_f32, &np_f16};
-    for (int n = 0; n < 4; n++) {
-        Py_INCREF(args[n]);
-        Py_XSETREF(*slots[n], args[n]);
-    }
-    Py_RETURN_NONE;
-}
-
-/* Maps an array of rank n >= 2, (..., L, E) with shape and strides in bytes, to the library's
- * rank 4 as sdpa/__init__.py's _rank4 does (rank 2 and 3 gain leading extents of 1 and stride
- * 0, as numpy's a[None] gives; rank > 4 merges the leading extents into one, as numpy reshapes
- * without a copy: extents of 1 are ignored, and the others must follow one another in memory).
- * @return 0, or 1 where the Python path must take the array (the leading extents do not merge,
- * an extent is 0, a stride is not a whole number of elements). */
-static int rank4(int n, const Py_ssize_t *shape, const Py_ssize_t *strides, Py_ssize_t size,
-                 sdpa_tensor *t) {
-    Py_ssize_t sh[4], st[4];
-    for (int d = 0; d < n; d++)
-        if (shape[d] == 0 || strides[d] % size != 0)
-            return 1;
-    const int lead = n - 3; /* extents before (H, L, E); < 1 for rank 2 and 3 */
-    for (int d = 0; d < 3 && d < n; d++) {
-        sh[3 - d] = shape[n - 1 - d];
-        st[3 - d] = strides[n - 1 - d];
-    }
-    if (n == 2) {
-        sh[0] = sh[1] = 1;
-        st[0] = st[1] = 0;
-    } else if (n == 3) {
-        sh[0] = 1;
-        st[0] = 0;
-    } else if (n == 4) {
-        sh[0] = shape[0];
-        st[0] = strides[0];
-    } else {
-        Py_ssize_t b = 1, stride = strides[lead] * shape[lead], prev = -1;
-        for (int d = 0; d < lead; d++) {
-            if (shape[d] == 1)
-                continue;
-            if (prev >= 0 && strides[prev] != strides[d] * shape[d])
-                return 1;
-            b *= shape[d];
-            stride = strides[d];
-            prev = d;
-        }
-        sh[0] = b;
-        st[0] = stride;
-    }
-    for (int d = 0; d < 4; d++) {
-        t->shape[d] = sh[d];
-        t->stride[d] = st[d] / size;
-    }
-    return 0;
-}
-
-/* Takes obj if it is a numpy array of float32 or float16 of rank >= 2.
- * @return 0 (a->buf held), or 1 (the Python path's: no exception set). */
-static int fast_take(arg *a, PyObject *obj) {
-    if ((PyObject *)Py_TYPE(obj) != np_ndarray)
-        return 1;
-    if (PyObject_GetBuffer(obj, &a->buf, PyBUF_STRIDES | PyBUF_FORMAT) != 0) {
-        PyErr_Clear(); /* bfloat16, say: numpy has no buffer format for it */
-        return 1;
-    }
-    a->held = 1;
-    const char *f = a->buf.format;
-    if (f == NULL || f[0] == 0 || f[1] != 0 || a->buf.ndim < 2)
-        return 1;
-    if (f[0] == 'f' && a->buf.itemsize == 4)
-        a->t.dtype = SDPA_F32;
-    else if (f[0] == 'e' && a->buf.itemsize == 2)
-        a->t.dtype = SDPA_F16;
-    else
-        return 1;
-    a->t.data = a->buf.buf;
-    return 0;
-}
-
-static int same_extents(const Py_ssize_t *a, const Py_ssize_t *b, int n) {
-    for (int d = 0; d < n; d++)
-        if (a[d] != b[d])
-            return 0;
-    return 1;
-}
-
-/* A new C-contiguous numpy array of the shape, and its rank-4 view for the library: out
- * (the shape's last extent e) or lse (e < 0: the shape without it, and a last extent of 1 and
- * stride 0, as lse[..., None] gives). @return the array, or NULL with an exception. */
-static PyObject *fast_new(arg *a, const Py_ssize_t *shape, int n, Py_ssize_t e, PyObject *dtype,
-                          sdpa_dtype code) {
-    const int rank = e < 0 ? n - 1 : n;
-    PyObject *dims = PyTuple_New(rank);
-    if (dims == NULL)
-        return NULL;
-    for (int d = 0; d < rank; d++) {
-        PyObject *x = PyLong_FromSsize_t(d == n - 1 ? e : shape[d]);
-        if (x == NULL) {
-            Py_DECREF(dims);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(dims, d, x);
-    }
-    PyObject *call_args[2] = {dims, dtype};
-    PyObject *arr = PyObject_Vectorcall(np_empty, call_args, 2, NULL);
-    Py_DECREF(dims);
-    if (arr == NULL)
-        return NULL;
-    if (PyObject_GetBuffer(arr, &a->buf, PyBUF_STRIDES | PyBUF_WRITABLE) != 0) {
-        Py_DECREF(arr);
-        return NULL;
-    }
-    a->held = 1;
-    Py_ssize_t sh[SDPA_PY_MAX_RANK], st[SDPA_PY_MAX_RANK];
-    for (int d = 0; d < rank; d++) {
-        sh[d] = a->buf.shape[d];
-        st[d] = a->buf.strides[d];
-    }
-    if (e < 0) {
-        sh[n - 1] = 1;
-        st[n - 1] = 0;
-    }
-    a->t.data = a->buf.buf;
-    a->t.dtype = code;
-    if (rank4(n, sh, st, a->buf.itemsize, &a->t) != 0) {
-        /* cannot happen: a new contiguous array of nonzero extents merges */
-        PyErr_SetString(PyExc_SystemError, "sdpa: a new array has an unexpected layout");
-        Py_DECREF(arr);
-        return NULL;
-    }
-    return arr;
-}
-
-/* fast_forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
- *              window, alignment, softcap, alibi_slopes, return_lse, dropout_seed,
- *              dropout_offset): out, (out, lse), or NotImplemented (see above). */
-static PyObject *py_fast_forward(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 16) {
-        PyErr_SetString(PyExc_TypeError, "fast_forward: 16 arguments expected");
-        return NULL;
-    }
-    PyObject *const ctx_obj = args[0], *const mask_obj = args[4], *const p_obj = args[5],
-                    *const causal_obj = args[6], *const scale_obj = args[7],
-                    *const gqa_obj = args[8], *const window_obj = args[9],
-                    *const align_obj = args[10], *const softcap_obj = args[11],
-                    *const slopes_obj = args[12], *const lse_obj = args[13];
-    if (np_ndarray == NULL || !PyObject_TypeCheck(ctx_obj, &ContextType) ||
-        ((ContextObject *)ctx_obj)->ctx == NULL || mask_obj != Py_None || slopes_obj != Py_None ||
-        args[14] != Py_None || args[15] != Py_None ||
-        (causal_obj != Py_True && causal_obj != Py_False) ||
-        (lse_obj != Py_True && lse_obj != Py_False))
-        Py_RETURN_NOTIMPLEMENTED;
-    if (!(PyFloat_CheckExact(p_obj) && PyFloat_AS_DOUBLE(p_obj) == 0.0) &&
-        !(PyLong_CheckExact(p_obj) && PyObject_Not(p_obj) == 1))
-        Py_RETURN_NOTIMPLEMENTED;
-    sdpa_params p;
-    memset(&p, 0, sizeof p);
-    p.causal = causal_obj == Py_True;
-    if (scale_obj != Py_None) {
-        if (!PyFloat_CheckExact(scale_obj) || PyFloat_AS_DOUBLE(scale_obj) == 0.0)
-            Py_RETURN_NOTIMPLEMENTED; /* 0: the Python path says why it refuses it */
-        p.scale = (float)PyFloat_AS_DOUBLE(scale_obj);
-    }
-    if (softcap_obj != Py_None) {
-        if (!PyFloat_CheckExact(softcap_obj))
-            Py_RETURN_NOTIMPLEMENTED;
-        p.softcap = (float)PyFloat_AS_DOUBLE(softcap_obj);
-    }
-    if (!PyUnicode_CheckExact(align_obj))
-        Py_RETURN_NOTIMPLEMENTED;
-    if (PyUnicode_CompareWithASCIIString(align_obj, "top-left") == 0)
-        p.align = SDPA_ALIGN_TOP_LEFT;
-    else if (PyUnicode_CompareWithASCIIString(align_obj, "bottom-right") == 0)
-        p.align = SDPA_ALIGN_BOTTOM_RIGHT;
-    else
-        Py_RETURN_NOTIMPLEMENTED;
-    if (window_obj != Py_None) {
-        if (!PyTuple_CheckExact(window_obj) || PyTuple_GET_SIZE(window_obj) != 2)
-            Py_RETURN_NOTIMPLEMENTED;
-        long long w[2];
-        for (int n = 0; n < 2; n++) {
-            PyObject *x = PyTuple_GET_ITEM(window_obj, n);
-            int overflow = 0;
-            w[n] = PyLong_CheckExact(x) ? PyLong_AsLongLongAndOverflow(x, &overflow) : 0;
-            if (!PyLong_CheckExact(x) || overflow != 0 || (w[n] == -1 && PyErr_Occurred())) {
-                PyErr_Clear();
-                Py_RETURN_NOTIMPLEMENTED;
-            }
-        }
-        p.use_window = 1;
-        p.window_left = w[0];
-        p.window_right = w[1];
-    }
-
-    arg a[5]; /* q, k, v, out, lse */
-    memset(a, 0, sizeof a);
-    const Py_buffer *q = &a[0].buf, *k = &a[1].buf, *v = &a[2].buf;
-    ContextObject *c = (ContextObject *)ctx_obj;
-    PyObject *out = NULL, *lse = NULL, *result = NULL;
-    int fallback = 1, r = 0;
-    sdpa_status st;
-    for (int n = 0; n < 3; n++)
-        if (fast_take(&a[n], args[1 + n]) != 0)
-            goto done;
-    r = q->ndim;
-    if (k->ndim != r || v->ndim != r || r > SDPA_PY_MAX_RANK ||
-        !same_extents(v->shape, k->shape, r - 1) ||
-        (r >= 4 && !same_extents(q->shape, k->shape, r - 3)))
-        goto done;
-    if (r >= 3 && q->shape[r - 3] != k->shape[r - 3] && gqa_obj != Py_True)
-        goto done; /* the Python path's message: pass enable_gqa=True */
-    for (int n = 0; n < 3; n++)
-        if (rank4(r, a[n].buf.shape, a[n].buf.strides, a[n].buf.itemsize, &a[n].t) != 0)
-            goto done;
-    fallback = 0;
-    out = fast_new(&a[3], q->shape, r, v->shape[r - 1], a[0].t.dtype == SDPA_F32 ? np_f32 : np_f16,
-                   a[0].t.dtype);
-    if (out == NULL)
-        goto done;
-    if (lse_obj == Py_True && (lse = fast_new(&a[4], q->shape, r, -1, np_f32, SDPA_F32)) == NULL)
-        goto done;
-    Py_BEGIN_ALLOW_THREADS;
-    st = sdpa_forward(c->ctx, &a[0].t, &a[1].t, &a[2].t, &p, &a[3].t, lse ? &a[4].t : NULL);
-    Py_END_ALLOW_THREADS;
-    if (st != SDPA_OK) {
-        fail(st, c->ctx);
-        goto done;
-    }
-    if (lse == NULL) {
-        result = out;
-        out = NULL;
-    } else {
-        result = PyTuple_Pack(2, out, lse);
-    }
-done:
-    for (int n = 0; n < 5; n++)
-        drop(&a[n]);
-    Py_XDECREF(out);
-    Py_XDECREF(lse);
-    if (fallback)
-        Py_RETURN_NOTIMPLEMENTED;
     return result;
 }
 
@@ -656,13 +514,16 @@ static PyMethodDef methods[] = {
      "weights(ctx, (q, dt), (k, dt), None, (w, dt), None x5, mask|None, params): sdpa_weights"},
     {"backward", py_backward, METH_VARARGS,
      "backward(ctx, q, k, v, out, lse, dout, dq, dk, dv, mask|None, params): sdpa_backward"},
+    {"forward_kv", py_forward_kv, METH_VARARGS,
+     "forward_kv(ctx, (q, dt), (k, dt), (v, dt), (out, dt), lse|None, seqlens_k|None, "
+     "seqlens_q|None, block_table|None, max_pages, mask|None, params): sdpa_forward_kv"},
     {"merge", py_merge, METH_VARARGS,
      "merge(ctx, [(out_p, dt), ...], [(lse_p, dt), ...], (out, dt), lse|None): sdpa_merge"},
-    {"fast_forward", (PyCFunction)(void (*)(void))py_fast_forward, METH_FASTCALL,
+    {"fast_forward", (PyCFunction)(void (*)(void))sdpa_py_fast_forward, METH_FASTCALL,
      "fast_forward(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, "
      "window, alignment, softcap, alibi_slopes, return_lse, dropout_seed, dropout_offset): "
      "scaled_dot_product_attention's common case on numpy arrays, or NotImplemented"},
-    {"set_numpy", (PyCFunction)(void (*)(void))py_set_numpy, METH_FASTCALL,
+    {"set_numpy", (PyCFunction)(void (*)(void))sdpa_py_set_numpy, METH_FASTCALL,
      "set_numpy(numpy.ndarray, numpy.empty, float32 dtype, float16 dtype): for fast_forward"},
     {"version", py_version, METH_NOARGS, "the C library's version"},
     {NULL, NULL, 0, NULL}};
@@ -677,15 +538,17 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
                                     NULL,
                                     NULL};
 
+PyMODINIT_FUNC PyInit__sdpa(void); /* the one exported symbol */
+
 PyMODINIT_FUNC PyInit__sdpa(void) {
-    if (PyType_Ready(&ContextType) < 0)
+    if (PyType_Ready(&sdpa_py_context_type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&ContextType);
-    if (PyModule_AddObject(m, "Context", (PyObject *)&ContextType) < 0) {
-        Py_DECREF(&ContextType);
+    Py_INCREF(&sdpa_py_context_type);
+    if (PyModule_AddObject(m, "Context", (PyObject *)&sdpa_py_context_type) < 0) {
+        Py_DECREF(&sdpa_py_context_type);
         Py_DECREF(m);
         return NULL;
     }

@@ -1,4 +1,4 @@
-"""sdpa on numpy arrays, against a float64 numpy reference written out here: every feature,
+"""sdpa on numpy arrays, against the float64 numpy reference of reference.py: every feature,
 ranks, strides, dtypes, the backward, dropout, bad inputs, threads, determinism, leaks."""
 
 import gc
@@ -9,60 +9,13 @@ import numpy as np
 import pytest
 
 import sdpa
+from reference import close, grads_reference, reference
 
 RNG = np.random.default_rng(2026)
 
 
 def randn(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
-
-
-def reference(q, k, v, mask=None, causal=False, scale=None, window=None, align="top-left",
-              softcap=None, slopes=None, gqa=False):
-    """The forward in float64, as sdpa.h's Semantics state it; returns (out, lse, weights).
-    Fully masked rows: out 0, lse -inf."""
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
-    if gqa and q.ndim >= 3 and q.shape[-3] != k.shape[-3]:
-        g = q.shape[-3] // k.shape[-3]
-        k, v = np.repeat(k, g, axis=-3), np.repeat(v, g, axis=-3)
-    L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
-    sc = 1 / np.sqrt(E) if scale is None else scale
-    s = (q @ np.swapaxes(k, -1, -2)) * sc
-    if softcap:
-        s = softcap * np.tanh(s / softcap)
-    off = S - L if align == "bottom-right" else 0
-    i = np.arange(L)[:, None] + off
-    j = np.arange(S)[None, :]
-    if slopes is not None:
-        sl = np.asarray(slopes, np.float64).reshape((-1, 1, 1))
-        s = s - sl * np.abs(i - j)
-    vis = np.ones((L, S), bool)
-    if causal:
-        vis &= j <= i
-    if window is not None:
-        lft, rgt = window
-        if lft >= 0:
-            vis &= j >= i - lft
-        if rgt >= 0:
-            vis &= j <= i + rgt
-    s = np.where(vis, s, -np.inf)
-    if mask is not None:
-        m = np.asarray(mask)
-        s = np.where(m, s, -np.inf) if m.dtype == np.bool_ else s + m.astype(np.float64)
-    mx = s.max(axis=-1, keepdims=True)
-    empty = ~np.isfinite(mx)
-    e = np.where(empty, 0.0, np.exp(s - np.where(empty, 0.0, mx)))
-    tot = e.sum(axis=-1, keepdims=True)
-    w = np.where(empty, 0.0, e / np.where(empty, 1.0, tot))
-    lse = np.where(empty[..., 0], -np.inf, (mx + np.log(np.where(empty, 1.0, tot)))[..., 0])
-    return w @ v, lse, w
-
-
-def close(got, want, tol):
-    got = np.asarray(got, dtype=np.float64)
-    scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
-    err = float(np.abs(got - want).max()) if want.size else 0.0
-    assert err <= tol * scale, "max error %.3g > %.3g" % (err, tol * scale)
 
 
 CASES = [
@@ -152,17 +105,6 @@ def test_float16_and_bfloat16():
     assert out.dtype == ml.bfloat16
     close(out.astype(np.float32), reference(qb.astype(np.float32), kb.astype(np.float32),
                                             vb.astype(np.float32))[0], 1e-2)
-
-
-def grads_reference(q, k, v, dout, **kw):
-    """dq, dk, dv of the float64 reference (no GQA), by the backward's formulas."""
-    out, _, w = reference(q, k, v, **kw)
-    dout = dout.astype(np.float64)
-    dv = np.swapaxes(w, -1, -2) @ dout
-    dp = dout @ np.swapaxes(v.astype(np.float64), -1, -2)
-    ds = w * (dp - (dout * out).sum(axis=-1, keepdims=True))
-    sc = 1 / np.sqrt(q.shape[-1])
-    return ds @ k.astype(np.float64) * sc, np.swapaxes(ds, -1, -2) @ q.astype(np.float64) * sc, dv
 
 
 def test_backward():

@@ -131,3 +131,69 @@ def test_views_not_copies():
     want = F.scaled_dot_product_attention(q.double(), q.double(), q.double())
     assert torch.allclose(out.double(), want, atol=1e-5)
     assert np.shares_memory(sdpa._view(q, "q")[0], base.numpy())
+
+
+def sink_attention(q, k, v, sinks, is_causal=False):
+    """Attention with sinks in plain torch (float64): the sink as one more key of score
+    sink_h, always visible, whose value is 0."""
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if is_causal:
+        L, S = s.shape[-2:]
+        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool).tril().logical_not(), float("-inf"))
+    sk = sinks.double().reshape(-1, 1, 1).expand(*s.shape[:-1], 1)
+    p = torch.softmax(torch.cat([s, sk], dim=-1), dim=-1)[..., :-1]
+    return p @ v
+
+
+def test_sinks_autograd_matches_torch_float64():
+    q, k, v = rand(2, 3, 6, 8, grad=True), rand(2, 3, 6, 8, grad=True), rand(2, 3, 6, 4,
+                                                                            grad=True)
+    sinks = torch.tensor([0.3, -2.0, float("-inf")])
+    dout = rand(2, 3, 6, 4)
+    out = sdpa.torch.scaled_dot_product_attention(q, k, v, is_causal=True, sinks=sinks)
+    out.backward(dout)
+    q64, k64, v64 = f64(q, k, v)
+    want = sink_attention(q64, k64, v64, sinks, is_causal=True)
+    want.backward(dout.double())
+    assert torch.allclose(out.double(), want, atol=1e-5, rtol=0)
+    for got, exp in ((q.grad, q64.grad), (k.grad, k64.grad), (v.grad, v64.grad)):
+        assert torch.allclose(got.double(), exp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.filterwarnings("ignore:Input #.*double precision")
+def test_gradcheck_with_sinks():
+    q, k, v = rand(1, 2, 3, 4, grad=True), rand(1, 2, 4, 4, grad=True), rand(1, 2, 4, 3,
+                                                                            grad=True)
+    sinks = torch.tensor([0.5, -0.25])
+    fn = lambda q, k, v: sdpa.torch.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, sinks=sinks, alignment="bottom-right", is_causal=True)
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-2, atol=2e-3, rtol=2e-2,
+                                    nondet_tol=0.0, fast_mode=False)
+
+
+def test_sinks_that_require_grad_are_refused():
+    q = rand(1, 2, 3, 4, grad=True)
+    sinks = torch.zeros(2, requires_grad=True)
+    with pytest.raises(ValueError, match="sinks.detach"):
+        sdpa.torch.scaled_dot_product_attention(q, q, q, sinks=sinks)
+    with pytest.raises(ValueError, match="sinks.detach"):  # the operator itself, too
+        torch.ops.sdpa.attention(q, q, q, None, 0.0, False, None, False, -1, -1, False, False,
+                                 0.0, None, sinks, 0, 0)
+    out = sdpa.torch.scaled_dot_product_attention(q, q, q, sinks=sinks.detach())
+    out.sum().backward()
+    assert q.grad is not None and sinks.grad is None
+    with torch.no_grad():  # no gradient asked: nothing to refuse
+        sdpa.torch.scaled_dot_product_attention(q, q, q, sinks=sinks)
+
+
+def test_compile_with_sinks():
+    q, k, v = rand(1, 2, 8, 16, grad=True), rand(1, 2, 8, 16, grad=True), rand(1, 2, 8, 16,
+                                                                              grad=True)
+    sinks = torch.tensor([1.0, -1.0])
+
+    def fn(q, k, v):
+        return sdpa.torch.scaled_dot_product_attention(q, k, v, sinks=sinks).sum()
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    compiled(q, k, v).backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
