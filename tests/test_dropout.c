@@ -6,14 +6,16 @@
  * h, i, j) to key and counter pinned, so a fast kernel that draws other bits fails here; the
  * threshold rule and its rounding; keep rates over 2^20 elements within 5 sigma (overall, per
  * lane of a Philox call, for neighbouring pairs); fresh masks for fresh offsets and seeds;
- * the same mask for the same inputs; the tiled forward with dropout at every level against
- * the reference. The gradients of the dropped forward are checked in test_ref_backward.c.
+ * the same mask for the same inputs; every table's dropout_row against the scalar draws; the
+ * tiled forward with dropout at every level against the reference. The gradients of the dropped
+ * forward are checked in test_ref_backward.c.
  */
 #include "check.h"
 #include "testutil.h"
 
 #include "../src/core/philox.h"
 #include "../src/core/validate.h"
+#include "../src/dispatch/impl.h"
 #include "../src/ref/ref.h"
 
 #include <math.h>
@@ -193,6 +195,72 @@ static void test_dropout_offsets(void) {
         else /* seed - phi with offset + 1 is the documented collision: the same key */
             CHECK(differ == 0);
         CHECK(same == 0);
+    }
+}
+
+/* Every table's dropout_row (the one the tiled paths draw with) against sdpa__dropout_draws4,
+ * factor by factor: starts j0 = 0..9 (inside a Philox call, across the vector steps), lengths
+ * 0..150 (partial steps at both ends), indices up to 2^31 - 1, thresholds at the edges (0 drops
+ * all, 2^32 keeps all, 2^31 and 2^32 - 1 at the unsigned compare's edges) and that of p = 0.1.
+ * Every factor must be bitwise the scalar one, and nothing written outside z[0, n). */
+static void test_dropout_row(void) {
+    enum { MAX_N = 150, MAX_J0 = 9, GUARD = 8 };
+    const uint64_t one = UINT64_C(1) << 32;
+    const uint64_t thresholds[] = {0, 1, one / 2, one - 1, one, sdpa__dropout_threshold(0.1)};
+    const int64_t big = SDPA_MAX_EXTENT - 1;
+    static const int64_t rows[][3] = {{0, 0, 0}, {1, 3, 17}, {7, 31, 4095}};
+    const int64_t bigs[][3] = {{big, big, big}, {big - 1, 5, big - 2}, {3, big, 0}};
+    const float keep_scale = (float)(1.0 / (1.0 - 0.1));
+    uint32_t key[2];
+    sdpa__dropout_key(0x0123456789abcdefu, 42, key);
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        if (!impls[t].runs) {
+            printf("    [%s] skipped: the CPU lacks %s\n", impls[t].name, impls[t].missing);
+            continue;
+        }
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        CHECK(uk != NULL && uk->dropout_row != NULL);
+        if (uk == NULL || uk->dropout_row == NULL)
+            continue;
+        long wrong = 0, checked = 0;
+        for (size_t x = 0; x < 6; x++) {
+            const int64_t *bhi = x < 3 ? rows[x] : bigs[x - 3];
+            for (size_t k = 0; k < sizeof thresholds / sizeof thresholds[0]; k++) {
+                /* the keys near 2^31 - 1 too, with the largest rows */
+                const int64_t jbase = x < 3 ? 0 : big - MAX_N - MAX_J0;
+                float want[MAX_J0 + MAX_N];
+                for (int64_t j = jbase; j < jbase + MAX_J0 + MAX_N; j++) {
+                    uint32_t draw[4];
+                    sdpa__dropout_draws4(key, bhi[0], bhi[1], bhi[2], j / 4, draw);
+                    want[j - jbase] = (uint64_t)draw[j % 4] < thresholds[k] ? keep_scale : 0.0f;
+                }
+                for (int64_t j0 = jbase; j0 <= jbase + MAX_J0; j0++)
+                    for (int64_t n = 0; n <= MAX_N; n++) {
+                        float buf[GUARD + MAX_N + GUARD], *z = buf + GUARD;
+                        for (int g = 0; g < GUARD + MAX_N + GUARD; g++)
+                            buf[g] = -1.0f;
+                        uk->dropout_row(key, bhi[0], bhi[1], bhi[2], j0, n, thresholds[k],
+                                        keep_scale, z);
+                        for (int64_t jj = 0; jj < n; jj++) {
+                            const float w = want[j0 - jbase + jj];
+                            if (memcmp(&z[jj], &w, sizeof w) != 0 && wrong++ < 5)
+                                printf("    [%s] (b %lld h %lld i %lld j %lld) threshold %llu: "
+                                       "%g, want %g\n",
+                                       uk->name, (long long)bhi[0], (long long)bhi[1],
+                                       (long long)bhi[2], (long long)(j0 + jj),
+                                       (unsigned long long)thresholds[k], (double)z[jj], (double)w);
+                        }
+                        for (int64_t g = 0; g < GUARD; g++) /* nothing outside z[0, n) */
+                            wrong += buf[g] != -1.0f || z[n + g] != -1.0f;
+                        checked += n;
+                    }
+            }
+        }
+        CHECK_MSG(wrong == 0, "[%s] dropout_row: %ld of %ld factors differ", uk->name, wrong,
+                  checked);
+        printf("    [%s] dropout_row: %ld factors as sdpa__dropout_draws4's\n", uk->name, checked);
     }
 }
 
@@ -387,6 +455,6 @@ static void test_tiled_forward_dropout(void) {
 int main(int argc, char **argv) {
     return CHECK_RUN(argc, argv, CASE(test_philox_kat), CASE(test_dropout_mapping),
                      CASE(test_dropout_threshold), CASE(test_dropout_rates),
-                     CASE(test_dropout_offsets), CASE(test_dropout_forward),
+                     CASE(test_dropout_offsets), CASE(test_dropout_row), CASE(test_dropout_forward),
                      CASE(test_tiled_forward_dropout));
 }

@@ -213,19 +213,32 @@ static void post_process(const flash_plan *pl, const sdpa__problem *p, int64_t b
 }
 
 /* Dropout on the weights of keys js.. of rows [r0, r1) (s[jj * rp + r]), drawn from the global
- * indices (b, h, i, j), four keys per Philox call: a kept weight is multiplied by 1 / (1 - p),
- * a dropped one becomes +0 (a hidden key's -0.0 stays -0.0). The softmax's sum l has already
- * taken the weights before dropout, as the LSE must. */
+ * indices (b, h, i, j) by the table's dropout_row, a row of factors at a time: a kept weight is
+ * multiplied by 1 / (1 - p), a dropped one becomes +0 (a hidden key's -0.0 stays -0.0). The
+ * softmax's sum l has already taken the weights before dropout, as the LSE must. The factors
+ * of DROP_ROWS rows are laid out as s is (zt[jj * DROP_ROWS + r]) in a 4 KiB tile before they
+ * multiply, so that s is swept along its rows, a cache line at a time: a key at a time down
+ * its columns (every weight of a row on another line, 512 bytes apart) cost as much as the
+ * draws themselves. */
 static void drop_weights(const flash_plan *pl, int64_t b, const task_scratch *tr, int64_t r0,
                          int64_t r1, int64_t js, int64_t nk, float *s) {
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t jj = 0; jj < nk;) {
-            const int64_t j = js + jj;
-            uint32_t draw[4];
-            sdpa__dropout_draws4(pl->key, b, tr->h[r], tr->i[r], j / 4, draw);
-            for (int64_t t = j % 4; t < 4 && jj < nk; t++, jj++)
-                s[jj * pl->rp + r] *= (uint64_t)draw[t] < pl->threshold ? pl->keep_scale : 0.0f;
+    enum { DROP_ROWS = 16 };
+    float row[KEY_TILE], zt[KEY_TILE * DROP_ROWS];
+    for (int64_t ja = 0; ja < nk; ja += KEY_TILE) { /* one pass: nk <= KEY_TILE */
+        const int64_t n = nk - ja < KEY_TILE ? nk - ja : KEY_TILE;
+        for (int64_t ra = r0; ra < r1; ra += DROP_ROWS) {
+            const int64_t nr = r1 - ra < DROP_ROWS ? r1 - ra : DROP_ROWS;
+            for (int64_t r = 0; r < nr; r++) {
+                pl->uk->dropout_row(pl->key, b, tr->h[ra + r], tr->i[ra + r], js + ja, n,
+                                    pl->threshold, pl->keep_scale, row);
+                for (int64_t jj = 0; jj < n; jj++)
+                    zt[jj * DROP_ROWS + r] = row[jj];
+            }
+            for (int64_t jj = 0; jj < n; jj++)
+                for (int64_t r = 0; r < nr; r++)
+                    s[(ja + jj) * pl->rp + ra + r] *= zt[jj * DROP_ROWS + r];
         }
+    }
 }
 
 /* A task's block of query rows: what flash_task and weights_task both start from. */

@@ -277,16 +277,19 @@ static void tile_rules(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int
 }
 
 /* Dropout's factors z of the same tile (z[r * rs + jj * js]), from the global indices
- * (b, h, i0 + r, ja + jj), four keys per Philox call. */
+ * (b, h, i0 + r, ja + jj), a row at a time by the table's dropout_row: straight into z when
+ * a row's keys are contiguous, else through a row of scratch. */
 static void tile_dropout(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int64_t nr,
                          int64_t ja, int64_t nk, float *z, int64_t rs, int64_t js) {
+    float row[WIDE];
     for (int64_t r = 0; r < nr; r++)
-        for (int64_t jj = 0; jj < nk;) {
-            const int64_t j = ja + jj;
-            uint32_t draw[4];
-            sdpa__dropout_draws4(pl->key, b, h, i0 + r, j / 4, draw);
-            for (int64_t t = j % 4; t < 4 && jj < nk; t++, jj++)
-                z[r * rs + jj * js] = (uint64_t)draw[t] < pl->threshold ? pl->keep_scale : 0.0f;
+        for (int64_t jb = 0; jb < nk; jb += WIDE) { /* one pass: nk <= WIDE */
+            const int64_t n = nk - jb < WIDE ? nk - jb : WIDE;
+            float *zr = js == 1 ? z + r * rs + jb : row;
+            pl->uk->dropout_row(pl->key, b, h, i0 + r, ja + jb, n, pl->threshold, pl->keep_scale,
+                                zr);
+            for (int64_t jj = 0; js != 1 && jj < n; jj++)
+                z[r * rs + (jb + jj) * js] = row[jj];
         }
 }
 

@@ -14,10 +14,10 @@
 
 enum { PHILOX_ROUNDS = 10 };
 
-static const uint32_t PHILOX_M0 = 0xD2511F53u; /* multiplies word 0 */
-static const uint32_t PHILOX_M1 = 0xCD9E8D57u; /* multiplies word 2 */
-static const uint32_t PHILOX_W0 = 0x9E3779B9u; /* key schedule of word 0 */
-static const uint32_t PHILOX_W1 = 0xBB67AE85u; /* key schedule of word 1 */
+static const uint32_t PHILOX_M0 = SDPA__PHILOX_M0; /* multiplies word 0 */
+static const uint32_t PHILOX_M1 = SDPA__PHILOX_M1; /* multiplies word 2 */
+static const uint32_t PHILOX_W0 = SDPA__PHILOX_W0; /* key schedule of word 0 */
+static const uint32_t PHILOX_W1 = SDPA__PHILOX_W1; /* key schedule of word 1 */
 
 /* One round: c <- the round function of c under the round key k. */
 static void philox_round(uint32_t c[4], const uint32_t k[2]) {

@@ -44,6 +44,14 @@
 
 #include <stdint.h>
 
+/* Philox4x32-10's constants (philox.c says how they enter a round), shared with the
+ * vectorised generators (src/kernels/<isa>/dropout_<isa>.c): the multipliers of counter
+ * words 0 and 2, and the key schedule's Weyl increments of key words 0 and 1. */
+#define SDPA__PHILOX_M0 0xD2511F53u
+#define SDPA__PHILOX_M1 0xCD9E8D57u
+#define SDPA__PHILOX_W0 0x9E3779B9u
+#define SDPA__PHILOX_W1 0xBB67AE85u
+
 /* Philox4x32-10: out = the 10-round Philox bijection of ctr under key. out may be ctr. */
 void sdpa__philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 

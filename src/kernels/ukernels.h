@@ -82,16 +82,29 @@ typedef struct sdpa__ukernels {
      * to elem, to nearest with ties to even. */
     void (*store_row)(int elem, int64_t n, const float *src, float scale, void *dst,
                       int64_t stride);
+    /* Dropout's factors for keys [j0, j0 + n) of row (b, h, i) (core/philox.h), for n >= 0
+     * and any j0 >= 0 (not only multiples of 4):
+     *   z[jj] = draw(j) < threshold ? keep_scale : 0.0f   for jj < n, j = j0 + jj
+     * where draw(j) is word j % 4 of Philox4x32-10 of the counter (j / 4, i, h, b), each word
+     * taken mod 2^32, under key: bitwise the decisions of sdpa__dropout_draws4. threshold is
+     * in [0, 2^32] as sdpa__dropout_threshold gives it (2^32 keeps every key, 0 none); a
+     * dropped factor is +0. Vectorised along j, a vector of counters (four keys each) a step;
+     * nothing is written outside z[0, n). */
+    void (*dropout_row)(const uint32_t key[2], int64_t b, int64_t h, int64_t i, int64_t j0,
+                        int64_t n, uint64_t threshold, float keep_scale, float *z);
 } sdpa__ukernels;
 
 /* The portable table, always built. */
 extern const sdpa__ukernels sdpa__uk_generic;
 /* Portable entries that the tables share where they have nothing faster: the scalar Q pack,
- * and the scalar widening and storing. */
+ * the scalar widening and storing, and dropout's factors drawn a Philox call at a time
+ * (dropout_generic.c). */
 void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);
 void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride, float *dst);
 void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,
                              int64_t stride);
+void sdpa__dropout_row_generic(const uint32_t key[2], int64_t b, int64_t h, int64_t i, int64_t j0,
+                               int64_t n, uint64_t threshold, float keep_scale, float *z);
 
 /* The x86 tables, built where the compiler targets x86, and their vectorised widening and
  * storing (convert_<isa>.c: bitwise the portable entries' results). */
@@ -103,5 +116,11 @@ void sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, vo
 void sdpa__load_row_avx512(int elem, int64_t n, const void *src, int64_t stride, float *dst);
 void sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
                             int64_t stride);
+/* dropout_row of the x86 tables (dropout_<isa>.c): 8 (AVX2) or 16 (AVX-512) Philox counters,
+ * 32 or 64 keys, a step. */
+void sdpa__dropout_row_avx2(const uint32_t key[2], int64_t b, int64_t h, int64_t i, int64_t j0,
+                            int64_t n, uint64_t threshold, float keep_scale, float *z);
+void sdpa__dropout_row_avx512(const uint32_t key[2], int64_t b, int64_t h, int64_t i, int64_t j0,
+                              int64_t n, uint64_t threshold, float keep_scale, float *z);
 
 #endif /* SDPA_UKERNELS_H */

@@ -550,4 +550,5 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .pv_careful = pv_careful_avx2,
     .load_row = sdpa__load_row_avx2,
     .store_row = sdpa__store_row_avx2,
+    .dropout_row = sdpa__dropout_row_avx2,
 };

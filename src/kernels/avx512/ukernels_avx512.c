@@ -502,4 +502,5 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .pv_careful = pv_careful_avx512,
     .load_row = sdpa__load_row_avx512,
     .store_row = sdpa__store_row_avx512,
+    .dropout_row = sdpa__dropout_row_avx512,
 };

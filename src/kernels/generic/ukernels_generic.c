@@ -399,4 +399,5 @@ const sdpa__ukernels sdpa__uk_generic = {
     .pv_careful = pv_careful_generic,
     .load_row = sdpa__load_row_generic,
     .store_row = sdpa__store_row_generic,
+    .dropout_row = sdpa__dropout_row_generic,
 };
