@@ -36,7 +36,8 @@
  * communicator and its error handler are left as they were, and no message of the ring meets
  * the caller's. Outputs are written only once every rank has succeeded; an error leaves them
  * untouched on every rank (except after a failing MPI call, which MPI may not report on every
- * rank alike).
+ * rank alike; and see SDPA_MPI_ACCUMULATE_IN_OUTPUT, which gives up this guarantee for out or
+ * dq in exchange for memory).
  *
  * Threads: the calls are collective over comm, and hold ctx for their whole duration (another
  * call on it returns SDPA_ERR_BUSY). MPI must be initialised; any thread level will do, as
@@ -90,6 +91,34 @@ typedef struct sdpa_mpi_stats {
     int64_t scratch_bytes;              /* out: memory the ring allocated on this rank */
 } sdpa_mpi_stats;
 
+/* Flags of sdpa_mpi_options.flags, ORed; 0 = none. */
+typedef enum sdpa_mpi_flag {
+    /* Keep the running result in the caller's output instead of an f32 accumulator of the
+     * same size in scratch: the forward's O in out when out is F32 (saving B Hq nq_r Dv x 4
+     * bytes), the backward's dQ in dq when dq is F32 (saving B Hq nq_r Dk x 4 bytes); any
+     * strides the call accepts will do. For an F16 or BF16 out (dq) the flag changes nothing:
+     * the accumulator is allocated as without it. The results are bitwise those of the call
+     * without the flag (the same operations in the same order). The forward's running LSE
+     * stays in scratch, in double as without the flag (B Hq nq_r x 8 bytes; keeping it in an
+     * F32 lse would round it between merges and change the bits), and lse is written at the
+     * end as without the flag.
+     * What the caller gives up: the guarantee that out (dq) is untouched when the call fails.
+     * Argument errors, on any rank, and a rank short of scratch memory are still found before
+     * anything is written, and then out (dq) is untouched on every rank. But once the ring has
+     * started, out (dq) holds a partial sum: an MPI failure mid-ring, or an error in a step's
+     * computation, returns the error (the latter on every rank) and may leave out (dq)
+     * partially written on any rank. lse, dk and dv are still written only on success. The
+     * flag may differ between ranks. */
+    SDPA_MPI_ACCUMULATE_IN_OUTPUT = 1 << 0
+} sdpa_mpi_flag;
+
+/* Options of sdpa_mpi_forward_opt and sdpa_mpi_backward_opt. A zero-initialised struct, or a
+ * NULL pointer, means the defaults: the behaviour of sdpa_mpi_forward and sdpa_mpi_backward.
+ * Fields added later keep zero as the default. */
+typedef struct sdpa_mpi_options {
+    unsigned flags; /* sdpa_mpi_flag values ORed; an unknown bit gives SDPA_ERR_PARAM */
+} sdpa_mpi_options;
+
 /* The attention of this rank's queries over the whole sequence, collectively over comm.
  *   q:    (B, Hq, nq_r, Dk) this rank's queries, dealt by layout
  *   k, v: (B, Hkv, nk_r, Dk) and (B, Hkv, nk_r, Dv) this rank's keys and values
@@ -103,6 +132,13 @@ SDPA_API sdpa_status sdpa_mpi_forward(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_lay
                                       const sdpa_tensor *v, const sdpa_params *params,
                                       sdpa_tensor *out, sdpa_tensor *lse, sdpa_mpi_stats *stats);
 
+/* sdpa_mpi_forward with options (NULL = the defaults; see sdpa_mpi_flag). */
+SDPA_API sdpa_status sdpa_mpi_forward_opt(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layout,
+                                          const sdpa_tensor *q, const sdpa_tensor *k,
+                                          const sdpa_tensor *v, const sdpa_params *params,
+                                          sdpa_tensor *out, sdpa_tensor *lse,
+                                          const sdpa_mpi_options *options, sdpa_mpi_stats *stats);
+
 /* The gradients of this rank's blocks, collectively over comm, for out and lse as
  * sdpa_mpi_forward wrote them with the same comm, layout and params.
  *   dout: (B, Hq, nq_r, Dv) the gradient of this rank's output rows
@@ -115,6 +151,15 @@ SDPA_API sdpa_status sdpa_mpi_backward(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_la
                                        const sdpa_tensor *lse, const sdpa_tensor *dout,
                                        const sdpa_params *params, sdpa_tensor *dq, sdpa_tensor *dk,
                                        sdpa_tensor *dv, sdpa_mpi_stats *stats);
+
+/* sdpa_mpi_backward with options (NULL = the defaults; see sdpa_mpi_flag). */
+SDPA_API sdpa_status sdpa_mpi_backward_opt(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layout,
+                                           const sdpa_tensor *q, const sdpa_tensor *k,
+                                           const sdpa_tensor *v, const sdpa_tensor *out,
+                                           const sdpa_tensor *lse, const sdpa_tensor *dout,
+                                           const sdpa_params *params, sdpa_tensor *dq,
+                                           sdpa_tensor *dk, sdpa_tensor *dv,
+                                           const sdpa_mpi_options *options, sdpa_mpi_stats *stats);
 
 /* @return the layout's name ("contiguous", "striped", "zigzag") or "unknown". */
 SDPA_API const char *sdpa_mpi_layout_name(sdpa_mpi_layout layout);

@@ -3,7 +3,7 @@
  *
  *     mpirun -np P build/examples/ring [--L N] [--H N] [--hkv N] [--D N]
  *            [--layout contiguous|striped|zigzag] [--causal] [--threads N] [--reps N]
- *            [--backward] [--compare] [--compare-threads N] [--help]
+ *            [--backward] [--in-output] [--compare] [--compare-threads N] [--help]
  *
  * A sequence of L positions (H query heads over Hkv key/value heads of D features, f32, batch
  * 1) is dealt to the P ranks by the layout of sdpa_mpi.h. Each rank fills its blocks of Q, K
@@ -16,6 +16,10 @@
  * Then the same K/V block sizes go around the ring with no compute (P - 1 shifts): beside the
  * time the ring's steps waited, it gives the fraction of communication hidden behind compute
  * (1 - wait / alone, clamped to [0, 1]).
+ *
+ * With --in-output the calls take SDPA_MPI_ACCUMULATE_IN_OUTPUT: the running O (and dQ) is
+ * kept in the rank's own out (dq) rather than in an accumulator of the ring's scratch, which
+ * the scratch and RSS columns show.
  *
  * With --compare, rank 0 also times sdpa_forward (and sdpa_backward) of one process on the
  * whole sequence with --compare-threads threads while the other ranks sleep, prints the ratio
@@ -33,9 +37,8 @@
  * message; sdpa_mpi_* return the same status on every rank) or the check fails, 2 for bad
  * options (on every rank).
  */
-#ifdef __linux__
-#define _GNU_SOURCE /* sched_getaffinity, sched_setaffinity */
-#endif
+#include "machine.h"
+
 #include <sdpa_mpi.h>
 
 #include <limits.h>
@@ -45,9 +48,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#ifdef __linux__
-#include <sched.h>
-#endif
 
 /* The global positions rank r holds under layout (sdpa_mpi.h), in the order of its local
  * rows, into pos (unless NULL). @return their number. */
@@ -75,13 +75,14 @@ typedef struct options {
     int64_t L, H, Hkv, D;
     sdpa_mpi_layout layout;
     int causal, threads, reps, backward, compare, compare_threads;
+    int in_output; /* SDPA_MPI_ACCUMULATE_IN_OUTPUT */
 } options;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: mpirun -np P ring [--L N] [--H N] [--hkv N] [--D N]\n"
             "                         [--layout contiguous|striped|zigzag] [--causal]\n"
-            "                         [--threads N] [--reps N] [--backward]\n"
+            "                         [--threads N] [--reps N] [--backward] [--in-output]\n"
             "                         [--compare] [--compare-threads N] [--help]\n"
             "  --L N                gathered sequence length; each rank needs a position (8192)\n"
             "  --H N, --hkv N       query heads (16), key/value heads (H)\n"
@@ -91,6 +92,7 @@ static void usage(FILE *f) {
             "  --threads N          threads of each rank's context, 0 = all cores (1)\n"
             "  --reps N             timed repetitions after one warm-up (3)\n"
             "  --backward           also time sdpa_mpi_backward\n"
+            "  --in-output          keep the running O (dQ) in out (dq), not in scratch\n"
             "  --compare            rank 0 also runs one process on the whole sequence\n"
             "  --compare-threads N  its threads (P)\n");
 }
@@ -110,7 +112,7 @@ static int int_arg(int argc, char **argv, int i, int64_t lo, int64_t hi, int64_t
 /* @return 0 to run, 1 for --help, 2 for a bad option (with a message on rank 0's stderr). */
 static int parse(int argc, char **argv, int p, int rank, options *o) {
     int64_t hkv = 0, ct = 0, threads = 1, reps = 3;
-    *o = (options){8192, 16, 0, 64, SDPA_MPI_ZIGZAG, 0, 1, 3, 0, 0, 0};
+    *o = (options){8192, 16, 0, 64, SDPA_MPI_ZIGZAG, 0, 1, 3, 0, 0, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int ok = 1;
@@ -122,6 +124,8 @@ static int parse(int argc, char **argv, int p, int rank, options *o) {
             o->backward = 1;
         else if (strcmp(a, "--compare") == 0)
             o->compare = 1;
+        else if (strcmp(a, "--in-output") == 0)
+            o->in_output = 1;
         else if (strcmp(a, "--layout") == 0) {
             const char *v = i + 1 < argc ? argv[++i] : "";
             if (strcmp(v, "contiguous") == 0)
@@ -232,92 +236,6 @@ static int median_index(const double *t, int n) {
             return i;
     }
     return 0;
-}
-
-/* VmHWM of /proc/self/status in bytes, or -1. */
-static double peak_rss(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    double kb = -1.0;
-    while (f != NULL && fgets(line, sizeof line, f) != NULL)
-        if (strncmp(line, "VmHWM:", 6) == 0)
-            kb = strtod(line + 6, NULL);
-    if (f != NULL)
-        fclose(f);
-    return kb < 0 ? -1.0 : kb * 1024.0;
-}
-
-/* The first "model name" of /proc/cpuinfo, into name. */
-static void cpu_model(char *name, size_t size) {
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[512];
-    snprintf(name, size, "unknown CPU");
-    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
-        const char *colon = strchr(line, ':');
-        if (strncmp(line, "model name", 10) == 0 && colon != NULL) {
-            colon += strspn(colon + 1, " \t") + 1;
-            snprintf(name, size, "%.*s", (int)strcspn(colon, "\n"), colon);
-            break;
-        }
-    }
-    if (f != NULL)
-        fclose(f);
-}
-
-/* The CPUs a process may run on, as a bit mask of CPUs 0..1023 (sent as MPI_UINT64_T). */
-enum { CPU_WORDS = 16 };
-
-/* This process's CPUs into mask. @return their number, or 0 where unknown (not Linux). */
-static int cpus_allowed(uint64_t mask[CPU_WORDS]) {
-    int n = 0;
-    memset(mask, 0, CPU_WORDS * sizeof *mask);
-#ifdef __linux__
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0)
-        for (int c = 0; c < CPU_WORDS * 64 && c < CPU_SETSIZE; c++)
-            if (CPU_ISSET(c, &set)) {
-                mask[c / 64] |= (uint64_t)1 << (c % 64);
-                n++;
-            }
-#endif
-    return n;
-}
-
-/* Lets the calling thread, and the threads it creates from now on, run on the CPUs of mask.
- * @return 1 if it did. */
-static int cpus_widen(const uint64_t mask[CPU_WORDS]) {
-#ifdef __linux__
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int c = 0; c < CPU_WORDS * 64 && c < CPU_SETSIZE; c++)
-        if (mask[c / 64] >> (c % 64) & 1)
-            CPU_SET(c, &set);
-    return sched_setaffinity(0, sizeof set, &set) == 0;
-#else
-    (void)mask;
-    return 0;
-#endif
-}
-
-/* mask as a list of ranges, "0-3,8", into text ("?" when empty: unknown).
- * @return the number of CPUs in mask. */
-static int cpu_list(const uint64_t mask[CPU_WORDS], char *text, size_t size) {
-    size_t at = 0;
-    int n = 0;
-    snprintf(text, size, "?");
-    for (int c = 0; c < CPU_WORDS * 64 && at < size; c++) {
-        if (!(mask[c / 64] >> (c % 64) & 1))
-            continue;
-        int e = c;
-        while (e + 1 < CPU_WORDS * 64 && (mask[(e + 1) / 64] >> ((e + 1) % 64) & 1))
-            e++;
-        const int w = e > c ? snprintf(text + at, size - at, "%s%d-%d", at ? "," : "", c, e)
-                            : snprintf(text + at, size - at, "%s%d", at ? "," : "", c);
-        at += w > 0 ? (size_t)w : 0;
-        n += e - c + 1;
-        c = e;
-    }
-    return n;
 }
 
 /* One pure ring shift of blocks of the ring's sizes: at step t rank r sends the bytes of
@@ -474,6 +392,7 @@ static sdpa_status time_ring(sdpa_ctx *ctx, const options *o, int p, local *x, i
     sdpa_tensor lse = sdpa_tensor_bhld(x->lse, SDPA_F32, 1, o->H, x->n, 1);
     sdpa_params params = {0};
     params.causal = o->causal;
+    const sdpa_mpi_options opt = {o->in_output ? SDPA_MPI_ACCUMULATE_IN_OUTPUT : 0u};
     for (int i = -1; i < o->reps; i++) {
         sdpa_mpi_stats st0 = {0}, *st = i < 0 ? &st0 : &stats[i];
         st->steps = i < 0 ? NULL : steps + (int64_t)i * p;
@@ -482,15 +401,15 @@ static sdpa_status time_ring(sdpa_ctx *ctx, const options *o, int p, local *x, i
         MPI_Barrier(MPI_COMM_WORLD);
         const double t0 = MPI_Wtime();
         if (!backward) {
-            status = sdpa_mpi_forward(ctx, MPI_COMM_WORLD, o->layout, &q, &k, &v, &params, &out,
-                                      &lse, st);
+            status = sdpa_mpi_forward_opt(ctx, MPI_COMM_WORLD, o->layout, &q, &k, &v, &params, &out,
+                                          &lse, &opt, st);
         } else {
             const sdpa_tensor dout = sdpa_tensor_bhld(x->dout, SDPA_F32, 1, o->H, x->n, o->D);
             sdpa_tensor dq = sdpa_tensor_bhld(x->dq, SDPA_F32, 1, o->H, x->n, o->D);
             sdpa_tensor dk = sdpa_tensor_bhld(x->dk, SDPA_F32, 1, o->Hkv, x->n, o->D);
             sdpa_tensor dv = sdpa_tensor_bhld(x->dv, SDPA_F32, 1, o->Hkv, x->n, o->D);
-            status = sdpa_mpi_backward(ctx, MPI_COMM_WORLD, o->layout, &q, &k, &v, &out, &lse,
-                                       &dout, &params, &dq, &dk, &dv, st);
+            status = sdpa_mpi_backward_opt(ctx, MPI_COMM_WORLD, o->layout, &q, &k, &v, &out, &lse,
+                                           &dout, &params, &dq, &dk, &dv, &opt, st);
         }
         const double t = MPI_Wtime() - t0;
         if (status != SDPA_OK)
@@ -851,10 +770,10 @@ int main(int argc, char **argv) {
             char cpu[256];
             cpu_model(cpu, sizeof cpu);
             printf("ring: %s | P %d | threads/rank %d (%s) | L %lld H %lld Hkv %lld D %lld f32 | "
-                   "layout %s | causal %s | sdpa %s\n",
+                   "layout %s | causal %s | result in %s | sdpa %s\n",
                    cpu, p, sdpa_ctx_n_threads(ctx), sdpa_ctx_kernel(ctx), (long long)o.L,
                    (long long)o.H, (long long)o.Hkv, (long long)o.D, sdpa_mpi_layout_name(o.layout),
-                   o.causal ? "yes" : "no", sdpa_version());
+                   o.causal ? "yes" : "no", o.in_output ? "output" : "scratch", sdpa_version());
             print_ranks(&o, p, all, all_steps, masks);
             fflush(stdout);
         }

@@ -15,19 +15,22 @@
  * takes r's contributions and goes to r + 1; after P steps it arrives home). Sums run in a
  * fixed order, so results depend on P and the layout only.
  *
- * Collective agreement: the ranks swap a summary of their arguments before anything else,
- * agree again after allocating, and once more before writing their outputs, so a failure
- * anywhere (short of MPI itself) becomes the same status on every rank and no output is
- * written.
+ * The running result (forward: O in f32 beside the LSE in double; backward: dQ in f32) lives
+ * in scratch, or with SDPA_MPI_ACCUMULATE_IN_OUTPUT in the caller's f32 out or dq: the same
+ * values go through the same operations in the same order, so the bits are the same.
+ *
+ * Collective agreement (check.c): the ranks swap a summary of their arguments before anything
+ * else, agree again after allocating, and once more before writing their outputs, so a
+ * failure anywhere (short of MPI itself) becomes the same status on every rank and no output
+ * is written (but for the running result kept in the caller's output).
  */
-#include "sdpa_mpi.h"
+#include "ring.h"
 
 #include "attn/merge.h"
 #include "core/half.h"
 #include "core/placement.h"
+#include "core/problem.h"
 #include "core/services.h"
-#include "core/validate.h"
-#include "layout.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -42,96 +45,10 @@ enum {
     MAX_PIECES = (1 << 20) - 1
 };
 
-/* The summary of one rank's arguments swapped before the ring starts. */
-enum {
-    F_STATUS,
-    F_LAYOUT,
-    F_B,
-    F_HQ,
-    F_HKV,
-    F_DK,
-    F_DV,
-    F_NQ,
-    F_NK,
-    F_DT_Q,
-    F_DT_K,
-    F_DT_V,
-    F_DT_OUT,
-    F_HAS_LSE,
-    F_DT_DOUT,
-    F_DT_DQ,
-    F_DT_DK,
-    F_DT_DV,
-    F_SCALE,
-    F_CAUSAL,
-    F_ALIGN,
-    F_USE_WINDOW,
-    F_WINDOW_LEFT,
-    F_WINDOW_RIGHT,
-    F_SOFTCAP,
-    F_HAS_ALIBI,
-    F_ALIBI_HASH,
-    F_COUNT
-};
-
-/* The names used in SDPA_ERR_MISMATCH messages; F_STATUS, F_NQ and F_NK may differ. */
-static const char *const field_names[F_COUNT] = {
-    "status",      "layout",      "B",           "Hq",           "Hkv",
-    "Dk",          "Dv",          "nq",          "nk",           "q.dtype",
-    "k.dtype",     "v.dtype",     "out.dtype",   "lse given",    "dout.dtype",
-    "dq.dtype",    "dk.dtype",    "dv.dtype",    "scale (bits)", "causal",
-    "align",       "use_window",  "window_left", "window_right", "softcap (bits)",
-    "alibi given", "alibi (hash)"};
-
-typedef struct summary {
-    int64_t f[F_COUNT];
-    char msg[256];
-} summary;
-
-/* The arguments of either call: the forward's (dout, dq, dk, dv NULL) or the backward's. */
-typedef struct args {
-    const sdpa_tensor *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
-    const sdpa_params *params;
-    int backward;
-} args;
-
-typedef struct ring {
-    sdpa_ctx *ctx;
-    MPI_Comm comm; /* a duplicate of the caller's, errors returned */
-    int p, r;
-    sdpa_mpi_layout layout;
-    int64_t B, Hq, Hkv, Dk, Dv;
-    sdpa_dtype kdt, vdt;
-    int64_t *nq, *nk; /* p local lengths each */
-    sdpa__window w;
-    sdpa_params lp; /* what a placed call takes from the caller's params */
-    sdpa__run qruns[2];
-    int n_qruns;
-    sdpa_mpi_stats *stats;
-    int64_t scratch;
-    MPI_Request *reqs;
-    int n_reqs, cap_reqs;
-} ring;
-
 /* ---- small helpers ---------------------------------------------------------------------- */
 
 static int64_t elem_size(sdpa_dtype dt) {
     return dt == SDPA_F32 ? 4 : 2;
-}
-
-static int64_t float_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return (int64_t)u;
-}
-
-/* FNV-1a over the Hq slopes: ranks compare ALiBi by value without sending it. */
-static int64_t hash_floats(const float *x, int64_t n) {
-    uint64_t h = 1469598103934665603u;
-    const unsigned char *c = (const unsigned char *)x;
-    for (int64_t i = 0; i < n * (int64_t)sizeof(float); i++)
-        h = (h ^ c[i]) * 1099511628211u;
-    return (int64_t)(h >> 1);
 }
 
 /* Rows [r0, r0 + n) of t along L: the same strides, a later start. */
@@ -149,46 +66,11 @@ static sdpa_tensor packed(void *data, sdpa_dtype dt, int64_t d0, int64_t d1, int
     return t;
 }
 
-static sdpa_status mpi_failed(ring *R, int rc, const char *what) {
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS)
-        snprintf(text, sizeof text, "MPI error code %d", rc);
-    return sdpa__fail(R->ctx, SDPA_ERR_MPI, "%s failed on rank %d: %s", what, R->r, text);
-}
-
 static void *take(ring *R, size_t bytes) {
     void *p = sdpa__alloc(R->ctx, bytes, 64);
     if (p != NULL)
         R->scratch += (int64_t)bytes;
     return p;
-}
-
-/* Swaps statuses (and, in *mine, the argument summary) among the ranks. Every rank gets the
- * first failing rank's status, with its message prefixed by the rank; all[] receives every
- * rank's summary. */
-static sdpa_status agree(ring *R, summary *mine, summary *all) {
-    const int rc =
-        MPI_Allgather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE, R->comm);
-    if (rc != MPI_SUCCESS)
-        return mpi_failed(R, rc, "MPI_Allgather");
-    for (int s = 0; s < R->p; s++)
-        if (all[s].f[F_STATUS] != SDPA_OK) {
-            all[s].msg[sizeof all[s].msg - 1] = '\0';
-            return sdpa__fail(R->ctx, (sdpa_status)all[s].f[F_STATUS], "rank %d: %s", s,
-                              all[s].msg);
-        }
-    return SDPA_OK;
-}
-
-/* agree() on a status alone. */
-static sdpa_status agree_status(ring *R, sdpa_status st, summary *all) {
-    summary mine;
-    memset(&mine, 0, sizeof mine);
-    mine.f[F_STATUS] = st;
-    if (st != SDPA_OK)
-        snprintf(mine.msg, sizeof mine.msg, "%s", sdpa_ctx_last_error(R->ctx));
-    return agree(R, &mine, all);
 }
 
 /* ---- messages -------------------------------------------------------------------------- */
@@ -210,7 +92,7 @@ static sdpa_status post(ring *R, int send, void *buf, int64_t bytes, int tag) {
             send ? MPI_Isend((char *)buf + at, n, MPI_BYTE, peer, tag + (int)k, R->comm, rq)
                  : MPI_Irecv((char *)buf + at, n, MPI_BYTE, peer, tag + (int)k, R->comm, rq);
         if (rc != MPI_SUCCESS)
-            return mpi_failed(R, rc, send ? "MPI_Isend" : "MPI_Irecv");
+            return sdpa__mpi_failed(R, rc, send ? "MPI_Isend" : "MPI_Irecv");
     }
     return SDPA_OK;
 }
@@ -221,13 +103,13 @@ static sdpa_status progress(ring *R) {
     if (R->n_reqs == 0)
         return SDPA_OK;
     const int rc = MPI_Testall(R->n_reqs, R->reqs, &done, MPI_STATUSES_IGNORE);
-    return rc == MPI_SUCCESS ? SDPA_OK : mpi_failed(R, rc, "MPI_Testall");
+    return rc == MPI_SUCCESS ? SDPA_OK : sdpa__mpi_failed(R, rc, "MPI_Testall");
 }
 
 static sdpa_status wait_all(ring *R) {
     const int rc = MPI_Waitall(R->n_reqs, R->reqs, MPI_STATUSES_IGNORE);
     R->n_reqs = 0;
-    return rc == MPI_SUCCESS ? SDPA_OK : mpi_failed(R, rc, "MPI_Waitall");
+    return rc == MPI_SUCCESS ? SDPA_OK : sdpa__mpi_failed(R, rc, "MPI_Waitall");
 }
 
 /* ---- blocks ---------------------------------------------------------------------------- */
@@ -308,143 +190,31 @@ static void store_all(const sdpa_tensor *src, sdpa_tensor *dst) {
             }
 }
 
-/* a += b, elementwise over two f32 tensors of one shape (b contiguous). */
+/* a += b, elementwise over two f32 tensors of one shape (a any strides, b contiguous). */
 static void add_into(const sdpa_tensor *a, const sdpa_tensor *b) {
     const float *y = (const float *)b->data;
+    const int64_t sd = a->stride[3];
     for (int64_t b0 = 0; b0 < a->shape[0]; b0++)
         for (int64_t h = 0; h < a->shape[1]; h++)
             for (int64_t i = 0; i < a->shape[2]; i++) {
                 float *x = (float *)a->data + sdpa__offset(a, b0, h, i, 0);
                 for (int64_t d = 0; d < a->shape[3]; d++)
-                    x[d] += *y++;
+                    x[d * sd] += *y++;
             }
 }
 
-/* ---- the argument check ---------------------------------------------------------------- */
-
-/* This rank's own checks: the core's validation of its local tensors, then what the ring
- * does not offer. Fills the summary. */
-static sdpa_status check_local(ring *R, const args *a, summary *mine) {
-    sdpa__problem p;
-    sdpa_status st;
-    memset(mine, 0, sizeof *mine);
-    if (a->backward)
-        st = sdpa__check_backward(R->ctx, a->q, a->k, a->v, a->out, a->lse, a->dout, a->params,
-                                  a->dq, a->dk, a->dv, &p);
-    else
-        st = sdpa__check_forward(R->ctx, a->q, a->k, a->v, a->params, a->out, a->lse, &p);
-    if (st == SDPA_OK && (R->layout < SDPA_MPI_CONTIGUOUS || R->layout > SDPA_MPI_ZIGZAG))
-        st = sdpa__fail(R->ctx, SDPA_ERR_PARAM, "layout=%d is not a sdpa_mpi_layout",
-                        (int)R->layout);
-    if (st == SDPA_OK && a->params != NULL) {
-        const sdpa_params *pr = a->params;
-        if (pr->mask != NULL)
-            st = sdpa__fail(R->ctx, SDPA_ERR_UNSUPPORTED,
-                            "params.mask: the ring takes no mask tensor (causal, window and "
-                            "ALiBi use global positions)");
-        else if (pr->dropout_p != 0.0f)
-            st = sdpa__fail(R->ctx, SDPA_ERR_UNSUPPORTED,
-                            "params.dropout_p=%g: the ring offers no dropout",
-                            (double)pr->dropout_p);
-        else if (pr->sinks != NULL)
-            st = sdpa__fail(R->ctx, SDPA_ERR_UNSUPPORTED,
-                            "params.sinks: the ring offers no attention sinks");
-    }
-    mine->f[F_STATUS] = st;
-    if (st != SDPA_OK) {
-        snprintf(mine->msg, sizeof mine->msg, "%s", sdpa_ctx_last_error(R->ctx));
-        return st;
-    }
-    const sdpa_params none = {0};
-    const sdpa_params *pr = a->params != NULL ? a->params : &none;
-    int64_t *f = mine->f;
-    f[F_LAYOUT] = R->layout;
-    f[F_B] = p.B;
-    f[F_HQ] = p.Hq;
-    f[F_HKV] = p.Hkv;
-    f[F_DK] = p.Dk;
-    f[F_DV] = p.Dv;
-    f[F_NQ] = p.Lq;
-    f[F_NK] = p.Lk;
-    f[F_DT_Q] = a->q->dtype;
-    f[F_DT_K] = a->k->dtype;
-    f[F_DT_V] = a->v->dtype;
-    f[F_DT_OUT] = a->out->dtype;
-    f[F_HAS_LSE] = a->lse != NULL;
-    f[F_DT_DOUT] = a->dout != NULL ? (int64_t)a->dout->dtype : -1;
-    f[F_DT_DQ] = a->dq != NULL ? (int64_t)a->dq->dtype : -1;
-    f[F_DT_DK] = a->dk != NULL ? (int64_t)a->dk->dtype : -1;
-    f[F_DT_DV] = a->dv != NULL ? (int64_t)a->dv->dtype : -1;
-    f[F_SCALE] = float_bits(pr->scale);
-    f[F_CAUSAL] = pr->causal != 0;
-    f[F_ALIGN] = pr->align;
-    f[F_USE_WINDOW] = pr->use_window != 0;
-    f[F_WINDOW_LEFT] = pr->use_window ? pr->window_left : -1;
-    f[F_WINDOW_RIGHT] = pr->use_window ? pr->window_right : -1;
-    f[F_SOFTCAP] = float_bits(pr->softcap);
-    f[F_HAS_ALIBI] = pr->alibi_slopes != NULL;
-    f[F_ALIBI_HASH] = pr->alibi_slopes != NULL ? hash_floats(pr->alibi_slopes, p.Hq) : 0;
-    return SDPA_OK;
-}
-
-/* The collective check: every rank's own, then agreement of the summaries, then the lengths
- * against the layout. Fills R's shapes. all: p summaries of scratch. */
-static sdpa_status check_all(ring *R, const args *a, summary *all) {
-    summary mine;
-    check_local(R, a, &mine);
-    sdpa_status st = agree(R, &mine, all);
-    if (st != SDPA_OK)
-        return st;
-    for (int s = 1; s < R->p; s++)
-        for (int f = 0; f < F_COUNT; f++)
-            if (f != F_NQ && f != F_NK && all[s].f[f] != all[0].f[f])
-                return sdpa__fail(R->ctx, SDPA_ERR_MISMATCH,
-                                  "rank %d has %s=%lld but rank 0 has %s=%lld", s, field_names[f],
-                                  (long long)all[s].f[f], field_names[f], (long long)all[0].f[f]);
-    int64_t lq = 0, lk = 0;
-    for (int s = 0; s < R->p; s++) {
-        R->nq[s] = all[s].f[F_NQ];
-        R->nk[s] = all[s].f[F_NK];
-        lq += R->nq[s];
-        lk += R->nk[s];
-    }
-    if (lq > SDPA_MAX_EXTENT || lk > SDPA_MAX_EXTENT)
-        return sdpa__fail(R->ctx, SDPA_ERR_DIM,
-                          "the gathered sequence (Lq=%lld, Lk=%lld) exceeds SDPA_MAX_EXTENT",
-                          (long long)lq, (long long)lk);
-    for (int s = 0; s < R->p; s++) {
-        const int64_t eq = sdpa__mpi_expected(R->layout, R->p, s, lq);
-        const int64_t ek = sdpa__mpi_expected(R->layout, R->p, s, lk);
-        if (eq >= 0 && R->nq[s] != eq)
-            return sdpa__fail(R->ctx, SDPA_ERR_SHAPE,
-                              "rank %d holds %lld queries but the %s layout of Lq=%lld over %d "
-                              "ranks gives it %lld",
-                              s, (long long)R->nq[s], sdpa_mpi_layout_name(R->layout),
-                              (long long)lq, R->p, (long long)eq);
-        if (ek >= 0 && R->nk[s] != ek)
-            return sdpa__fail(R->ctx, SDPA_ERR_SHAPE,
-                              "rank %d holds %lld keys but the %s layout of Lk=%lld over %d "
-                              "ranks gives it %lld",
-                              s, (long long)R->nk[s], sdpa_mpi_layout_name(R->layout),
-                              (long long)lk, R->p, (long long)ek);
-    }
-    const int64_t *f = all[0].f;
-    R->B = f[F_B];
-    R->Hq = f[F_HQ];
-    R->Hkv = f[F_HKV];
-    R->Dk = f[F_DK];
-    R->Dv = f[F_DV];
-    R->kdt = a->k->dtype;
-    R->vdt = a->v->dtype;
-    R->w = sdpa__mpi_window(a->params, lq, lk);
-    memset(&R->lp, 0, sizeof R->lp);
-    if (a->params != NULL) {
-        R->lp.scale = a->params->scale;
-        R->lp.softcap = a->params->softcap;
-        R->lp.alibi_slopes = a->params->alibi_slopes;
-    }
-    R->n_qruns = sdpa__mpi_runs(R->layout, R->p, R->r, R->nq, R->qruns);
-    return SDPA_OK;
+/* Sets every element of the f32 tensor t to +0. */
+static void zero_all(const sdpa_tensor *t) {
+    for (int64_t b = 0; b < t->shape[0]; b++)
+        for (int64_t h = 0; h < t->shape[1]; h++)
+            for (int64_t i = 0; i < t->shape[2]; i++) {
+                float *x = (float *)t->data + sdpa__offset(t, b, h, i, 0);
+                if (t->stride[3] == 1)
+                    memset(x, 0, (size_t)t->shape[3] * sizeof(float));
+                else
+                    for (int64_t d = 0; d < t->shape[3]; d++)
+                        x[d * t->stride[3]] = 0.0f;
+            }
 }
 
 /* ---- the steps ------------------------------------------------------------------------- */
@@ -452,32 +222,39 @@ static sdpa_status check_all(ring *R, const args *a, summary *all) {
 /* What a step computes with: the block held and, per call, scratch for one chunk. */
 typedef struct step_io {
     const args *a;
-    int s;         /* the block held */
-    char *kv;      /* its K and V, packed */
-    float *part_o; /* forward: CHUNK_ROWS rows of (B, Hq, ., Dv); backward: dQ rows */
-    float *part_l; /* forward: (B, Hq, CHUNK_ROWS) LSE */
-    float *acc_o;  /* forward: r's O (B, Hq, nq, Dv); backward: r's dQ (B, Hq, nq, Dk) */
-    double *acc_l; /* forward: r's LSE (B, Hq, nq) */
-    double *row;   /* forward: 3 Dv doubles and floats for a merge */
-    float *grad;   /* backward: block s's dK, dV accumulator (grad_bytes) */
-    float *dkv;    /* backward: a call's dK, dV (the largest run) */
+    int s;           /* the block held */
+    char *kv;        /* its K and V, packed */
+    float *part_o;   /* forward: CHUNK_ROWS rows of (B, Hq, ., Dv); backward: dQ rows */
+    float *part_l;   /* forward: (B, Hq, CHUNK_ROWS) LSE */
+    float *acc_o;    /* the scratch behind acc, or NULL when acc is the caller's output */
+    sdpa_tensor acc; /* f32, forward: r's O (B, Hq, nq, Dv); backward: r's dQ (B, Hq, nq, Dk) */
+    double *acc_l;   /* forward: r's LSE (B, Hq, nq) */
+    double *row;     /* forward: 3 Dv doubles and floats for a merge */
+    float *grad;     /* backward: block s's dK, dV accumulator (grad_bytes) */
+    float *dkv;      /* backward: a call's dK, dV (the largest run) */
     int64_t pairs;
 } step_io;
 
 /* Merges a chunk's partial (rows [at, at + n) of r's queries) into the running result. */
 static void merge_chunk(const ring *R, step_io *io, int64_t at, int64_t n) {
-    const int64_t Dv = R->Dv, nq = R->nq[R->r];
+    const int64_t Dv = R->Dv, nq = R->nq[R->r], sd = io->acc.stride[3];
     float *two = (float *)(io->row + Dv);
-    for (int64_t bh = 0; bh < R->B * R->Hq; bh++)
-        for (int64_t i = 0; i < n; i++) {
-            float *acc = io->acc_o + (bh * nq + at + i) * Dv;
-            double lse[2] = {io->acc_l[bh * nq + at + i], (double)io->part_l[bh * n + i]};
-            memcpy(two, acc, (size_t)Dv * sizeof(float));
-            memcpy(two + Dv, io->part_o + (bh * n + i) * Dv, (size_t)Dv * sizeof(float));
-            io->acc_l[bh * nq + at + i] = sdpa__merge_row(2, Dv, two, Dv, lse, io->row);
-            for (int64_t d = 0; d < Dv; d++)
-                acc[d] = (float)io->row[d];
-        }
+    for (int64_t b = 0; b < R->B; b++)
+        for (int64_t h = 0; h < R->Hq; h++)
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t bh = b * R->Hq + h;
+                float *acc = (float *)io->acc.data + sdpa__offset(&io->acc, b, h, at + i, 0);
+                double lse[2] = {io->acc_l[bh * nq + at + i], (double)io->part_l[bh * n + i]};
+                if (sd == 1)
+                    memcpy(two, acc, (size_t)Dv * sizeof(float));
+                else
+                    for (int64_t d = 0; d < Dv; d++)
+                        two[d] = acc[d * sd];
+                memcpy(two + Dv, io->part_o + (bh * n + i) * Dv, (size_t)Dv * sizeof(float));
+                io->acc_l[bh * nq + at + i] = sdpa__merge_row(2, Dv, two, Dv, lse, io->row);
+                for (int64_t d = 0; d < Dv; d++)
+                    acc[d * sd] = (float)io->row[d];
+            }
 }
 
 /* One placed call: queries sub (rows of r's), keys kr (rows of block io->s). */
@@ -504,8 +281,8 @@ static sdpa_status compute_pair(ring *R, step_io *io, const sdpa__run *sub, cons
         sdpa__backward_placed(R->ctx, &q, &k, &v, &out, &lse, &dout, &R->lp, pl, &dq, &dk, &dv);
     if (st != SDPA_OK)
         return st;
-    const int64_t nq = R->nq[R->r], nk = R->nk[io->s];
-    sdpa_tensor acc_q = packed(io->acc_o, SDPA_F32, R->B, R->Hq, nq, R->Dk);
+    const int64_t nk = R->nk[io->s];
+    sdpa_tensor acc_q = io->acc;
     sdpa_tensor acc_k = packed(io->grad, SDPA_F32, R->B, R->Hkv, nk, R->Dk);
     sdpa_tensor acc_v =
         packed(io->grad + R->B * R->Hkv * nk * R->Dk, SDPA_F32, R->B, R->Hkv, nk, R->Dv);
@@ -559,11 +336,13 @@ static int64_t max_len(const int64_t *lens, int p) {
 }
 
 /* The scratch of a call: two key/value buffers, and the forward's merge state or the
- * backward's gradient accumulators. */
+ * backward's gradient accumulators. in_out: the running O (forward) or dQ (backward) is kept
+ * in the caller's output (SDPA_MPI_ACCUMULATE_IN_OUTPUT, which the output's dtype allows). */
 typedef struct scratch {
     char *kv[2];
     float *grad[2];
     step_io io;
+    int in_out;
 } scratch;
 
 static sdpa_status allocate(ring *R, const args *a, scratch *sc) {
@@ -572,6 +351,14 @@ static sdpa_status allocate(ring *R, const args *a, scratch *sc) {
     const int64_t bhq = R->B * R->Hq;
     memset(sc, 0, sizeof *sc);
     sc->io.a = a;
+    /* the running result goes where SDPA_MPI_ACCUMULATE_IN_OUTPUT puts it, or into scratch */
+    const sdpa_tensor *res = a->backward ? a->dq : a->out;
+    const int64_t res_d = a->backward ? R->Dk : R->Dv;
+    sc->in_out = (a->flags & SDPA_MPI_ACCUMULATE_IN_OUTPUT) && res->dtype == SDPA_F32;
+    if (sc->in_out)
+        sc->io.acc = *res;
+    else if ((sc->io.acc_o = take(R, (size_t)(bhq * nq * res_d) * sizeof(float))) != NULL)
+        sc->io.acc = packed(sc->io.acc_o, SDPA_F32, R->B, R->Hq, nq, res_d);
     int64_t n_pieces = 2 * pieces(kv_max) + 4;
     /* step 0 computes on the caller's K and V and sends them from there when they are
      * packed; buffers hold the blocks that arrive (kv[1] at step 0, then turn about), and
@@ -580,24 +367,23 @@ static sdpa_status allocate(ring *R, const args *a, scratch *sc) {
     const int need0 = R->p > 2 || (R->p == 2 && !own_packed);
     sc->kv[0] = need0 ? take(R, (size_t)kv_max) : NULL;
     sc->kv[1] = R->p > 1 ? take(R, (size_t)kv_max) : NULL;
-    int ok = (!need0 || sc->kv[0] != NULL) && (R->p == 1 || sc->kv[1] != NULL);
+    int ok = (!need0 || sc->kv[0] != NULL) && (R->p == 1 || sc->kv[1] != NULL) &&
+             sc->io.acc.data != NULL;
     if (!a->backward) {
         sc->io.part_o = take(R, (size_t)(bhq * chunk * R->Dv) * sizeof(float));
         sc->io.part_l = take(R, (size_t)(bhq * chunk) * sizeof(float));
-        sc->io.acc_o = take(R, (size_t)(bhq * nq * R->Dv) * sizeof(float));
         sc->io.acc_l = take(R, (size_t)(bhq * nq) * sizeof(double));
         sc->io.row = take(R, (size_t)R->Dv * (sizeof(double) + 2 * sizeof(float)));
-        ok = ok && sc->io.part_o && sc->io.part_l && sc->io.acc_o && sc->io.acc_l && sc->io.row;
+        ok = ok && sc->io.part_o && sc->io.part_l && sc->io.acc_l && sc->io.row;
     } else {
         const int64_t grad_max = max_over_ranks(R, grad_bytes);
         n_pieces += 2 * pieces(grad_max);
         sc->grad[0] = take(R, (size_t)grad_max);
         sc->grad[1] = R->p > 1 ? take(R, (size_t)grad_max) : sc->grad[0];
         sc->io.part_o = take(R, (size_t)(bhq * chunk * R->Dk) * sizeof(float));
-        sc->io.acc_o = take(R, (size_t)(bhq * nq * R->Dk) * sizeof(float));
         sc->io.dkv = take(R, (size_t)(R->B * R->Hkv * max_len(R->nk, R->p) * (R->Dk + R->Dv)) *
                                  sizeof(float));
-        ok = ok && sc->grad[0] && sc->grad[1] && sc->io.part_o && sc->io.acc_o && sc->io.dkv;
+        ok = ok && sc->grad[0] && sc->grad[1] && sc->io.part_o && sc->io.dkv;
     }
     R->cap_reqs = (int)n_pieces;
     R->reqs = n_pieces <= MAX_PIECES ? take(R, (size_t)n_pieces * sizeof(MPI_Request)) : NULL;
@@ -623,12 +409,13 @@ static void release_scratch(ring *R, scratch *sc) {
     sdpa__free(R->ctx, R->reqs);
 }
 
-/* Writes the results from the scratch into the caller's outputs. */
+/* Writes the results from the scratch into the caller's outputs (O or dQ already there when
+ * accumulated in place). */
 static void write_outputs(ring *R, const args *a, scratch *sc) {
     const int64_t nq = R->nq[R->r], nk = R->nk[R->r];
     if (!a->backward) {
-        sdpa_tensor acc = packed(sc->io.acc_o, SDPA_F32, R->B, R->Hq, nq, R->Dv);
-        store_all(&acc, (sdpa_tensor *)a->out);
+        if (!sc->in_out)
+            store_all(&sc->io.acc, (sdpa_tensor *)a->out);
         if (a->lse != NULL)
             for (int64_t b = 0; b < R->B; b++)
                 for (int64_t h = 0; h < R->Hq; h++)
@@ -638,10 +425,10 @@ static void write_outputs(ring *R, const args *a, scratch *sc) {
         return;
     }
     float *home = sc->grad[R->p % 2]; /* r's own block's gradient, back from its trip */
-    sdpa_tensor dq = packed(sc->io.acc_o, SDPA_F32, R->B, R->Hq, nq, R->Dk);
     sdpa_tensor dk = packed(home, SDPA_F32, R->B, R->Hkv, nk, R->Dk);
     sdpa_tensor dv = packed(home + R->B * R->Hkv * nk * R->Dk, SDPA_F32, R->B, R->Hkv, nk, R->Dv);
-    store_all(&dq, (sdpa_tensor *)a->dq);
+    if (!sc->in_out)
+        store_all(&sc->io.acc, (sdpa_tensor *)a->dq);
     store_all(&dk, (sdpa_tensor *)a->dk);
     store_all(&dv, (sdpa_tensor *)a->dv);
 }
@@ -650,18 +437,18 @@ static void write_outputs(ring *R, const args *a, scratch *sc) {
 static sdpa_status run_ring(ring *R, const args *a, summary *all) {
     scratch sc;
     sdpa_status st = allocate(R, a, &sc);
-    if ((st = agree_status(R, st, all)) != SDPA_OK) {
+    if ((st = sdpa__mpi_agree_status(R, st, all)) != SDPA_OK) {
         release_scratch(R, &sc);
         return st;
     }
     const int p = R->p, r = R->r;
     const int64_t nq = R->nq[r], bhq = R->B * R->Hq;
+    /* from here on, with SDPA_MPI_ACCUMULATE_IN_OUTPUT, the caller's out (or dq) is written */
+    zero_all(&sc.io.acc);
     if (!a->backward) {
-        memset(sc.io.acc_o, 0, (size_t)(bhq * nq * R->Dv) * sizeof(float));
         for (int64_t i = 0; i < bhq * nq; i++)
             sc.io.acc_l[i] = -INFINITY;
     } else {
-        memset(sc.io.acc_o, 0, (size_t)(bhq * nq * R->Dk) * sizeof(float));
         memset(sc.grad[0], 0, (size_t)grad_bytes(R, r));
     }
     sdpa_status compute_st = SDPA_OK;
@@ -739,7 +526,7 @@ static sdpa_status run_ring(ring *R, const args *a, summary *all) {
                 MPI_Cancel(&R->reqs[i]);
         return st;
     }
-    st = agree_status(R, compute_st, all);
+    st = sdpa__mpi_agree_status(R, compute_st, all);
     if (st == SDPA_OK)
         write_outputs(R, a, &sc);
     release_scratch(R, &sc);
@@ -775,7 +562,7 @@ static sdpa_status ring_call(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layou
     R.stats = stats;
     int rc = MPI_Comm_dup(comm, &R.comm);
     if (rc != MPI_SUCCESS)
-        return sdpa__release(ctx, mpi_failed(&R, rc, "MPI_Comm_dup"));
+        return sdpa__release(ctx, sdpa__mpi_failed(&R, rc, "MPI_Comm_dup"));
     MPI_Comm_set_errhandler(R.comm, MPI_ERRORS_RETURN);
     MPI_Comm_size(R.comm, &R.p);
     MPI_Comm_rank(R.comm, &R.r);
@@ -786,12 +573,12 @@ static sdpa_status ring_call(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layou
     sdpa_status st = SDPA_OK;
     rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, R.comm);
     if (rc != MPI_SUCCESS)
-        st = mpi_failed(&R, rc, "MPI_Allreduce");
+        st = sdpa__mpi_failed(&R, rc, "MPI_Allreduce");
     else if (!all_ok)
         st = sdpa__fail(ctx, SDPA_ERR_NOMEM, "ring: a rank has no memory for %d summaries", R.p);
     if (st == SDPA_OK) {
         R.nk = R.nq + R.p;
-        st = check_all(&R, a, all);
+        st = sdpa__mpi_check(&R, a, all);
     }
     if (st == SDPA_OK)
         st = run_ring(&R, a, all);
@@ -805,11 +592,30 @@ static sdpa_status ring_call(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layou
     return sdpa__release(ctx, st);
 }
 
+sdpa_status sdpa_mpi_forward_opt(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layout,
+                                 const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                                 const sdpa_params *params, sdpa_tensor *out, sdpa_tensor *lse,
+                                 const sdpa_mpi_options *options, sdpa_mpi_stats *stats) {
+    const unsigned flags = options != NULL ? options->flags : 0u;
+    const args a = {q, k, v, out, lse, NULL, NULL, NULL, NULL, params, 0, flags};
+    return ring_call(ctx, comm, layout, &a, stats);
+}
+
 sdpa_status sdpa_mpi_forward(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layout,
                              const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
                              const sdpa_params *params, sdpa_tensor *out, sdpa_tensor *lse,
                              sdpa_mpi_stats *stats) {
-    const args a = {q, k, v, out, lse, NULL, NULL, NULL, NULL, params, 0};
+    return sdpa_mpi_forward_opt(ctx, comm, layout, q, k, v, params, out, lse, NULL, stats);
+}
+
+sdpa_status sdpa_mpi_backward_opt(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layout,
+                                  const sdpa_tensor *q, const sdpa_tensor *k, const sdpa_tensor *v,
+                                  const sdpa_tensor *out, const sdpa_tensor *lse,
+                                  const sdpa_tensor *dout, const sdpa_params *params,
+                                  sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv,
+                                  const sdpa_mpi_options *options, sdpa_mpi_stats *stats) {
+    const unsigned flags = options != NULL ? options->flags : 0u;
+    const args a = {q, k, v, out, lse, dout, dq, dk, dv, params, 1, flags};
     return ring_call(ctx, comm, layout, &a, stats);
 }
 
@@ -818,8 +624,8 @@ sdpa_status sdpa_mpi_backward(sdpa_ctx *ctx, MPI_Comm comm, sdpa_mpi_layout layo
                               const sdpa_tensor *out, const sdpa_tensor *lse,
                               const sdpa_tensor *dout, const sdpa_params *params, sdpa_tensor *dq,
                               sdpa_tensor *dk, sdpa_tensor *dv, sdpa_mpi_stats *stats) {
-    const args a = {q, k, v, out, lse, dout, dq, dk, dv, params, 1};
-    return ring_call(ctx, comm, layout, &a, stats);
+    return sdpa_mpi_backward_opt(ctx, comm, layout, q, k, v, out, lse, dout, params, dq, dk, dv,
+                                 NULL, stats);
 }
 
 const char *sdpa_mpi_layout_name(sdpa_mpi_layout layout) {
