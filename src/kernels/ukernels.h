@@ -69,6 +69,11 @@ typedef struct sdpa__ukernels {
      * for r < nr (not padded), c < dv. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,
                const float *v, int64_t ldv, float *o, int64_t ldo);
+    /* Nonzero when pv and pv_few_half, given nr <= SDPA__FEW_ROWS rows, ask for V's rows
+     * [nk, 2 nk) to be brought into the cache as they pass over rows [0, nk): the next slice
+     * of a cache read in place, whose rows follow this one's (pv_careful need not). The
+     * driver then asks for a slice's V rows itself only where that cannot have happened. */
+    int pv_few_prefetch;
     /* pv for a slice where the softmax hid some key and whose V holds a NaN or an Inf: a zero
      * weight (a hidden key's -0.0) adds nothing, whatever its v row holds, and every result
      * is otherwise bitwise what pv gives when those rows are finite (the same operations in

@@ -547,6 +547,7 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .softmax = softmax_avx2,
     .exp_lse = exp_lse_avx2,
     .pv = pv_avx2,
+    .pv_few_prefetch = 1,
     .pv_careful = pv_careful_avx2,
     .load_row = sdpa__load_row_avx2,
     .store_row = sdpa__store_row_avx2,

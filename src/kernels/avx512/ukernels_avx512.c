@@ -499,6 +499,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .softmax = softmax_avx512,
     .exp_lse = exp_lse_avx512,
     .pv = pv_avx512,
+    .pv_few_prefetch = 1,
     .pv_careful = pv_careful_avx512,
     .load_row = sdpa__load_row_avx512,
     .store_row = sdpa__store_row_avx512,
