@@ -125,10 +125,11 @@ static void prefetch_rows(const sdpa__problem *p, const sdpa_tensor *t, int64_t 
 
 /* One worker's scratch: the task's tiles and its row table. */
 typedef struct task_scratch {
-    float *qt;   /* Q transposed: Dk x rp */
-    float *s;    /* scores, transposed: KEY_TILE x rp */
-    float *sraw; /* weights_task: a copy of the scores before exp_lse, like s */
-    float *o;    /* the output accumulator: rp x dvp */
+    float *qt;        /* Q transposed: Dk x rp */
+    float *s;         /* scores, transposed: KEY_TILE x rp */
+    float *sraw;      /* weights_task: a copy of the scores before exp_lse, like s */
+    int64_t *written; /* weights_task: row r's weights [0, written[r]) are written */
+    float *o;         /* the output accumulator: rp x dvp */
     float *m, *l, *alpha;
     float *qrows; /* Q rows widened to f32 (when Q is not read in place): rp x Dk */
     float *kpack; /* a K tile widened to f32 (when K is not read in place) */
@@ -155,6 +156,7 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     ts->qt = take(base, &at, (size_t)p->Dk * rp * f);
     ts->s = take(base, &at, KEY_TILE * rp * f);
     ts->sraw = take(base, &at, pl->weights != NULL ? KEY_TILE * rp * f : 0);
+    ts->written = take(base, &at, pl->weights != NULL ? rp * sizeof(int64_t) : 0);
     ts->o = take(base, &at, rp * (size_t)pl->dvp * f);
     ts->m = take(base, &at, rp * f);
     ts->l = take(base, &at, rp * f);
@@ -504,6 +506,14 @@ static void slice_scores(const flash_plan *pl, const task_rows *t, const key_sli
         post_process(pl, p, t->b, tr, sl->r0, sl->r1use, sl->js, sl->nk, sl->whole, tr->s);
 }
 
+/* Weights [j0, j1) of row (b, h, i) of w: +0. */
+static void zero_weights(const sdpa_tensor *w, int64_t b, int64_t h, int64_t i, int64_t j0,
+                         int64_t j1) {
+    float *w_r = (float *)w->data + sdpa__offset(w, b, h, i, 0);
+    for (int64_t j = j0; j < j1; j++)
+        w_r[j * w->stride[3]] = 0.0f;
+}
+
 /* sdpa_weights' task (b, hk, query block): the weights p_ij = exp(s_ij - m_i) / l_i of the
  * block's rows, in two sweeps over the keys the rows see, each forming the scores as
  * flash_task does (qk, then the window and post_process). The first takes the online
@@ -531,7 +541,7 @@ static void weights_task(void *arg, int64_t task, int worker) {
                     tr.alpha + sl.r0);
     }
 
-    // each row's factor 1 / l (alpha), and every weight of the row +0 until pass 2 sets it
+    // each row's factor 1 / l (alpha)
     for (int64_t r = 0; r < t.rows; r++) {
         float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         if (p->sinks != NULL && l[r] != 0.0f) {
@@ -539,12 +549,12 @@ static void weights_task(void *arg, int64_t task, int worker) {
             inv = (float)(sdpa__add_sink((double)p->sinks[tr.h[r]], &row_lse) / (double)l[r]);
         }
         tr.alpha[r] = inv;
-        float *w_r = (float *)w->data + sdpa__offset(w, b, tr.h[r], tr.i[r], 0);
-        for (int64_t j = 0; j < p->Lk; j++)
-            w_r[j * w->stride[3]] = 0.0f;
+        tr.written[r] = 0;
     }
 
-    // pass 2: p_ij = exp(s_ij - m_i) / l_i, each slice's rows transposed into theirs
+    // pass 2: p_ij = exp(s_ij - m_i) / l_i, each slice's rows transposed into theirs; the
+    // keys a row does not reach (before, between and after the slices it is in) are +0.
+    // Every weight is written once: slices come in increasing key order.
     for (slices_begin(pl, &t, 0, &sl); slices_next(pl, &t, &sl);) {
         slice_scores(pl, &t, &sl, &tr);
         for (int64_t jj = 0; jj < sl.nk; jj++)
@@ -552,6 +562,8 @@ static void weights_task(void *arg, int64_t task, int worker) {
                    (size_t)(sl.r1pad - sl.r0) * sizeof(float));
         uk->exp_lse(sl.nk, sl.r1pad - sl.r0, tr.s + sl.r0, rp, m + sl.r0);
         for (int64_t r = sl.r0; r < sl.r1use; r++) {
+            zero_weights(w, b, tr.h[r], tr.i[r], tr.written[r], sl.js);
+            tr.written[r] = sl.js + sl.nk;
             float *w_r = (float *)w->data + sdpa__offset(w, b, tr.h[r], tr.i[r], sl.js);
             for (int64_t jj = 0; jj < sl.nk; jj++) {
                 float e = tr.s[jj * rp + r];
@@ -568,6 +580,8 @@ static void weights_task(void *arg, int64_t task, int worker) {
             }
         }
     }
+    for (int64_t r = 0; r < t.rows; r++)
+        zero_weights(w, b, tr.h[r], tr.i[r], tr.written[r], p->Lk);
 }
 
 /* How many chunks the keys of each task are cut into (see SPLIT_TASKS), and how long they
