@@ -149,7 +149,6 @@ typedef struct bwd_scratch {
     float *s;      /* scores, then the weights P (a tile) */
     float *dp;     /* dP, then dS */
     float *dst;    /* one-pass: dS transposed */
-    float *ut;     /* A: each row's LSE, along the lanes of its row of the tile */
     float *pt;     /* with dropout: z P */
     float *z;      /* with dropout: z */
     float *dsdx;   /* with softcap: ds/dx */
@@ -186,7 +185,6 @@ static size_t layout(const bwd_plan *pl, char *base, bwd_scratch *ws) {
     ws->s = take(base, &at, tile);
     ws->dp = take(base, &at, tile);
     ws->dst = take(base, &at, pl->fused ? tile : 0);
-    ws->ut = take(base, &at, tile);
     ws->pt = take(base, &at, pl->dropout ? tile : 0);
     ws->z = take(base, &at, pl->dropout ? tile : 0);
     ws->dsdx = take(base, &at, p->softcap > 0.0 ? tile : 0);
@@ -247,7 +245,8 @@ static void tile_rules(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int
         if (lse_at(pl, b, h, i) == -INFINITY) {
             for (int64_t jj = 0; jj < nk; jj++)
                 s_r[jj * js] = -INFINITY;
-            if (dsdx != NULL) /* read by ds_run, whose result is -0.0 there whatever it is */
+            if (dsdx !=
+                NULL) /* read by the table's ds, whose result is -0.0 there whatever it is */
                 for (int64_t jj = 0; jj < nk; jj++)
                     dsdx[r * rs + jj * js] = 0.0f;
             continue;
@@ -291,43 +290,6 @@ static void tile_dropout(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, i
             for (int64_t jj = 0; js != 1 && jj < n; jj++)
                 z[r * rs + (jb + jj) * js] = row[jj];
         }
-}
-
-/* x, or -0.0 where the weight w is the -0.0 of a hidden pair. */
-static inline float unless_hidden(float w, float x) {
-    const uint32_t h = sdpa__hidden_mask(w);
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u = (u & ~h) | (0x80000000u & h);
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
-/* dS over n entries that lie contiguously in memory: dp[c] (dP~ = dO . v) becomes
- * w[c] (z[c] dp[c] - delta[c * dstep]) dsdx[c] (z and dsdx NULL when absent; dstep 0: one
- * Delta for all, a row of kind A's tiles), and -0.0 where w[c] is (a hidden pair: dp may be
- * NaN from a hidden key's V, and must not get through); `hidden` 0 says that no w[c] is (the
- * tile's exp_lse found no hidden pair). One pass, the plain cases in loops of their own. */
-static inline void ds_run(int64_t n, const float *restrict w, float *restrict dp,
-                          const float *restrict z, const float *restrict dsdx,
-                          const float *restrict delta, int64_t dstep, int hidden) {
-    if (z == NULL && dsdx == NULL && !hidden) {
-        for (int64_t c = 0; c < n; c++)
-            dp[c] = w[c] * (dp[c] - delta[c * dstep]);
-        return;
-    }
-    if (z == NULL && dsdx == NULL) {
-        for (int64_t c = 0; c < n; c++)
-            dp[c] = unless_hidden(w[c], w[c] * (dp[c] - delta[c * dstep]));
-        return;
-    }
-    for (int64_t c = 0; c < n; c++) {
-        float x = z != NULL ? dp[c] * z[c] : dp[c];
-        x = w[c] * (x - delta[c * dstep]);
-        if (dsdx != NULL)
-            x *= dsdx[c];
-        dp[c] = unless_hidden(w[c], x);
-    }
 }
 
 /* o[a * ldo + c] += sum_r w[r * ldw + a] x[r * ldx + c] for a < na, c < d, in the order of r,
@@ -376,13 +338,9 @@ static void tile_a(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
     const int whole = sdpa__block_whole(p, i0, i0 + nq, j0, j0 + nk);
     tile_rules(pl, b, h, i0, nq, j0, nk, whole, ws->s, ld, 1, dsdx);
 
-    // P = exp(S - LSE): the tile's rows lie one after the other, so that it is one run of
-    // lanes, each with its row's LSE in ut. ut is the product of the rows' LSE (a column) and
-    // a row of ones: one feature, formed exactly (L x 1 + 0), and stored by the table a vector
-    // at a time rather than by a scalar loop.
+    // P = exp(S - LSE), each row with its own LSE (the padding keys too: qk wrote them)
     const float *lse = (const float *)pl->lse->data + sdpa__offset(pl->lse, b, h, i0, 0);
-    uk->qk(nq, ld, 1, lse, pl->lse->stride[2], ws->ones, 0, 1.0f, ws->ut, ld);
-    const int hidden = uk->exp_lse(1, nq * ld, ws->s, 0, ws->ut);
+    const int hidden = uk->exp_lse_rows(nq, ld, ws->s, ld, lse, pl->lse->stride[2]);
 
     // dV += (z P)^T dO
     const float *w = ws->s;
@@ -400,12 +358,8 @@ static void tile_a(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
 
     // dP~[r][jj] = dO_r . v_jj; dS
     uk->qk(nq, ld, p->Dv, dO, lddo, kt->pv, KEY_BLOCK, 1.0f, ws->dp, ld);
-    const float *delta = pl->delta + ((b * p->Hq) + h) * p->Lq + i0;
-    for (int64_t r = 0; r < nq; r++) {
-        const int64_t at = r * ld;
-        ds_run(nk, ws->s + at, ws->dp + at, pl->dropout ? ws->z + at : NULL,
-               dsdx != NULL ? dsdx + at : NULL, delta + r, 0, hidden);
-    }
+    uk->ds(nq, nk, ws->dp, ld, ws->s, pl->dropout ? ws->z : NULL, dsdx,
+           pl->delta + ((b * p->Hq) + h) * p->Lq + i0, 0);
 
     // dK += dS^T Q (scaled when stored)
     if (hidden && sdpa__has_nonfinite(q, nq, ldq, p->Dk)) {
@@ -579,11 +533,7 @@ static void tile_b(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
 
     // dP~[jj][r] = v_jj . dO_r; dS
     uk->qk(nk, rpad, p->Dv, v, ldv, ws->pv, QUERY_BLOCK, 1.0f, ws->dp, QUERY_BLOCK);
-    for (int64_t jj = 0; jj < nk; jj++) {
-        const int64_t at = jj * QUERY_BLOCK;
-        ds_run(nq, ws->s + at, ws->dp + at, pl->dropout ? ws->z + at : NULL,
-               dsdx != NULL ? dsdx + at : NULL, ws->dl, 1, hidden);
-    }
+    uk->ds(nk, nq, ws->dp, QUERY_BLOCK, ws->s, pl->dropout ? ws->z : NULL, dsdx, ws->dl, 1);
 
     // dQ += dS K (scaled when stored)
     if (hidden && sdpa__has_nonfinite(k, nk, ldk, p->Dk)) {

@@ -65,6 +65,21 @@ typedef struct sdpa__ukernels {
      * with softmax's exp (its accuracy; a NaN stays NaN; never -0.0 itself), so that -0.0
      * marks hidden keys as there. @return nonzero if any score was -inf. */
     int (*exp_lse)(int64_t nk, int64_t nr, float *s, int64_t lds, const float *u);
+    /* exp_lse for a row-major tile, one subtrahend per row: for every r < nr and j < nk (nk a
+     * multiple of lanes),
+     *   s[r*lds + j] = (s == -inf ? -0.0f : exp(s - u[r*ldu]))
+     * with exp_lse's exp, bitwise what exp_lse gives on the same (s, u) pairs. @return
+     * nonzero if any score was -inf. */
+    int (*exp_lse_rows)(int64_t nr, int64_t nk, float *s, int64_t lds, const float *u, int64_t ldu);
+    /* The backward's dS, in place over dP~ = dO . v: for every r < nr and c < n (any n >= 0),
+     * with e = r*ld + c and delta_rc = delta[c] when per_lane, else delta[r],
+     *   x = dp[e], times z[e] when z is not NULL (dropout's factors)
+     *   x = w[e] * (x - delta_rc), times dsdx[e] when dsdx is not NULL (softcap's derivative)
+     *   dp[e] = (w[e] is -0.0, the weight of a hidden pair) ? -0.0f : x
+     * so that a hidden key's NaN (dp may hold one) gets no further. Nothing else is read or
+     * written: not the lanes from n up to a multiple of lanes. */
+    void (*ds)(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
+               const float *dsdx, const float *delta, int per_lane);
     /* o[r*ldo + c] = alpha[r] * o[r*ldo + c] + sum_j p[j*ldp + r] * v[j*ldv + c]
      * for r < nr (not padded), c < dv. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,

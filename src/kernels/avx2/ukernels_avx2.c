@@ -363,15 +363,16 @@ static int softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m,
     return _mm256_movemask_ps(hidden) != 0;
 }
 
-/* exp(s - u) for n vectors of one key's rows (see exp_lse_avx2). */
-INLINE void exp_lse_vectors(int n, float *s, const float *u, __m256 *hidden) {
+/* exp(s - u) for n vectors of one key's rows (see exp_lse_avx2), u one per lane, or with
+ * `one` the single *u for all (exp_lse_rows). */
+INLINE void exp_lse_vectors(int n, int one, float *s, const float *u, __m256 *hidden) {
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY), neg_zero = _mm256_set1_ps(-0.0f);
     __m256 x[4], inf[4];
     for (int i = 0; i < n; i++) {
         x[i] = _mm256_loadu_ps(s + 8 * i);
         inf[i] = _mm256_cmp_ps(x[i], neg_inf, _CMP_EQ_OQ);
         *hidden = _mm256_or_ps(*hidden, inf[i]);
-        x[i] = _mm256_sub_ps(x[i], _mm256_loadu_ps(u + 8 * i));
+        x[i] = _mm256_sub_ps(x[i], one ? _mm256_set1_ps(*u) : _mm256_loadu_ps(u + 8 * i));
     }
     exp256_n(n, x);
     for (int i = 0; i < n; i++)
@@ -387,11 +388,53 @@ static int exp_lse_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, const flo
         float *s_j = s + j * lds;
         int64_t r = 0;
         for (; r + 32 <= nr; r += 32)
-            exp_lse_vectors(4, s_j + r, u + r, &hidden);
+            exp_lse_vectors(4, 0, s_j + r, u + r, &hidden);
         for (; r < nr; r += 8)
-            exp_lse_vectors(1, s_j + r, u + r, &hidden);
+            exp_lse_vectors(1, 0, s_j + r, u + r, &hidden);
     }
     return _mm256_movemask_ps(hidden) != 0;
+}
+
+/* exp_lse for a row-major tile (ukernels.h): along each row, four vectors at a time. */
+static int exp_lse_rows_avx2(int64_t nr, int64_t nk, float *s, int64_t lds, const float *u,
+                             int64_t ldu) {
+    __m256 hidden = _mm256_setzero_ps();
+    for (int64_t r = 0; r < nr; r++) {
+        float *s_r = s + r * lds;
+        int64_t j = 0;
+        for (; j + 32 <= nk; j += 32)
+            exp_lse_vectors(4, 1, s_r + j, u + r * ldu, &hidden);
+        for (; j < nk; j += 8)
+            exp_lse_vectors(1, 1, s_r + j, u + r * ldu, &hidden);
+    }
+    return _mm256_movemask_ps(hidden) != 0;
+}
+
+/* The backward's dS (ukernels.h), 8 lanes at a time, the last vector of a row masked. */
+static void ds_avx2(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
+                    const float *dsdx, const float *delta, int per_lane) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i neg_zero_bits = _mm256_set1_epi32((int)0x80000000u);
+    const __m256 neg_zero = _mm256_set1_ps(-0.0f);
+    for (int64_t r = 0; r < nr; r++) {
+        const __m256 dl_r = per_lane ? neg_zero : _mm256_set1_ps(delta[r]);
+        for (int64_t c = 0; c < n; c += 8) {
+            const __m256i m =
+                _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - c < 8 ? n - c : 8)), lane);
+            const int64_t e = r * ld + c;
+            __m256 x = _mm256_maskload_ps(dp + e, m);
+            if (z != NULL)
+                x = _mm256_mul_ps(x, _mm256_maskload_ps(z + e, m));
+            const __m256 wv = _mm256_maskload_ps(w + e, m);
+            const __m256 dl = per_lane ? _mm256_maskload_ps(delta + c, m) : dl_r;
+            x = _mm256_mul_ps(wv, _mm256_sub_ps(x, dl));
+            if (dsdx != NULL)
+                x = _mm256_mul_ps(x, _mm256_maskload_ps(dsdx + e, m));
+            const __m256 hid =
+                _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_castps_si256(wv), neg_zero_bits));
+            _mm256_maskstore_ps(dp + e, m, _mm256_blendv_ps(x, neg_zero, hid));
+        }
+    }
 }
 
 /* Loads and stores of a vector of o or v: the last one of a row (lane mask `last`) only when
@@ -546,6 +589,8 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .pv_few_half = pv_few_half_avx2,
     .softmax = softmax_avx2,
     .exp_lse = exp_lse_avx2,
+    .exp_lse_rows = exp_lse_rows_avx2,
+    .ds = ds_avx2,
     .pv = pv_avx2,
     .pv_few_prefetch = 1,
     .pv_careful = pv_careful_avx2,

@@ -327,14 +327,16 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
     return hidden != 0;
 }
 
-/* exp(s - u) for n vectors of one key's rows (see exp_lse_avx512). */
-INLINE void exp_lse_vectors(int n, float *s, const float *u, __mmask16 *hidden) {
+/* exp(s - u) for n vectors of one key's rows (see exp_lse_avx512), u one per lane, or with
+ * `one` the single *u for all (exp_lse_rows). */
+INLINE void exp_lse_vectors(int n, int one, float *s, const float *u, __mmask16 *hidden) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), neg_zero = _mm512_set1_ps(-0.0f);
     for (int i = 0; i < n; i++) {
         const __m512 x = _mm512_loadu_ps(s + 16 * i);
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
         *hidden |= inf;
-        const __m512 p = exp512(_mm512_sub_ps(x, _mm512_loadu_ps(u + 16 * i)));
+        const __m512 ui = one ? _mm512_set1_ps(*u) : _mm512_loadu_ps(u + 16 * i);
+        const __m512 p = exp512(_mm512_sub_ps(x, ui));
         _mm512_storeu_ps(s + 16 * i, _mm512_mask_blend_ps(inf, p, neg_zero));
     }
 }
@@ -347,11 +349,50 @@ static int exp_lse_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, const f
         float *s_j = s + j * lds;
         int64_t r = 0;
         for (; r + 64 <= nr; r += 64)
-            exp_lse_vectors(4, s_j + r, u + r, &hidden);
+            exp_lse_vectors(4, 0, s_j + r, u + r, &hidden);
         for (; r < nr; r += 16)
-            exp_lse_vectors(1, s_j + r, u + r, &hidden);
+            exp_lse_vectors(1, 0, s_j + r, u + r, &hidden);
     }
     return hidden != 0;
+}
+
+/* exp_lse for a row-major tile (ukernels.h): along each row, four vectors at a time. */
+static int exp_lse_rows_avx512(int64_t nr, int64_t nk, float *s, int64_t lds, const float *u,
+                               int64_t ldu) {
+    __mmask16 hidden = 0;
+    for (int64_t r = 0; r < nr; r++) {
+        float *s_r = s + r * lds;
+        int64_t j = 0;
+        for (; j + 64 <= nk; j += 64)
+            exp_lse_vectors(4, 1, s_r + j, u + r * ldu, &hidden);
+        for (; j < nk; j += 16)
+            exp_lse_vectors(1, 1, s_r + j, u + r * ldu, &hidden);
+    }
+    return hidden != 0;
+}
+
+/* The backward's dS (ukernels.h), 16 lanes at a time, the last vector of a row masked. */
+static void ds_avx512(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
+                      const float *dsdx, const float *delta, int per_lane) {
+    const __m512i neg_zero_bits = _mm512_set1_epi32((int)0x80000000u);
+    const __m512 neg_zero = _mm512_set1_ps(-0.0f);
+    for (int64_t r = 0; r < nr; r++) {
+        const __m512 dl_r = per_lane ? neg_zero : _mm512_set1_ps(delta[r]);
+        for (int64_t c = 0; c < n; c += 16) {
+            const __mmask16 m = n - c >= 16 ? 0xffff : (__mmask16)((1u << (n - c)) - 1u);
+            const int64_t e = r * ld + c;
+            __m512 x = _mm512_maskz_loadu_ps(m, dp + e);
+            if (z != NULL)
+                x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, z + e));
+            const __m512 wv = _mm512_maskz_loadu_ps(m, w + e);
+            const __m512 dl = per_lane ? _mm512_maskz_loadu_ps(m, delta + c) : dl_r;
+            x = _mm512_mul_ps(wv, _mm512_sub_ps(x, dl));
+            if (dsdx != NULL)
+                x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, dsdx + e));
+            const __mmask16 hid = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(wv), neg_zero_bits);
+            _mm512_mask_storeu_ps(dp + e, m, _mm512_mask_blend_ps(hid, x, neg_zero));
+        }
+    }
 }
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
@@ -498,6 +539,8 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .pv_few_half = pv_few_half_avx512,
     .softmax = softmax_avx512,
     .exp_lse = exp_lse_avx512,
+    .exp_lse_rows = exp_lse_rows_avx512,
+    .ds = ds_avx512,
     .pv = pv_avx512,
     .pv_few_prefetch = 1,
     .pv_careful = pv_careful_avx512,

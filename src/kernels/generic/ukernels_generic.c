@@ -263,6 +263,39 @@ static int exp_lse_generic(int64_t nk, int64_t nr, float *s, int64_t lds, const 
     return hidden != 0;
 }
 
+/* exp_lse for a row-major tile (ukernels.h): the same loop with the row's subtrahend. */
+static int exp_lse_rows_generic(int64_t nr, int64_t nk, float *s, int64_t lds, const float *u,
+                                int64_t ldu) {
+    uint32_t hidden = 0;
+    for (int64_t r = 0; r < nr; r++) {
+        float *s_r = s + r * lds;
+        const float ur = u[r * ldu];
+        for (int64_t j = 0; j < nk; j++) {
+            const float x = s_r[j];
+            const uint32_t h = x == -INFINITY ? 0xffffffffu : 0u;
+            s_r[j] = pick(h, -0.0f, exp_generic(x - ur));
+            hidden |= h;
+        }
+    }
+    return hidden != 0;
+}
+
+/* The backward's dS (ukernels.h), a row at a time. */
+static void ds_generic(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
+                       const float *dsdx, const float *delta, int per_lane) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < n; c++) {
+            const int64_t e = r * ld + c;
+            float x = z != NULL ? dp[e] * z[e] : dp[e];
+            x = w[e] * (x - delta[per_lane ? c : r]);
+            if (dsdx != NULL)
+                x *= dsdx[e];
+            uint32_t wb;
+            memcpy(&wb, &w[e], sizeof wb);
+            dp[e] = pick(wb == 0x80000000u ? 0xffffffffu : 0u, -0.0f, x);
+        }
+}
+
 /* P V for the four output rows o0..o3 (weights p[j * ldp + a] for row a); the same for one
  * row below. The loop over columns is the vectorised one, holding the partial sums of one
  * vector of columns in registers, reading each vector of V once for all four rows, with the
@@ -395,6 +428,8 @@ const sdpa__ukernels sdpa__uk_generic = {
     .qk_few = qk_few_generic,
     .softmax = softmax_generic,
     .exp_lse = exp_lse_generic,
+    .exp_lse_rows = exp_lse_rows_generic,
+    .ds = ds_generic,
     .pv = pv_fast_generic,
     .pv_careful = pv_careful_generic,
     .load_row = sdpa__load_row_generic,
