@@ -87,16 +87,18 @@ enum { TARGET_TASKS = 16, MAX_CHUNKS = 8 };
 
 /* Key blocks taken together by a task of the one-pass schedule (key_group). A task sweeps the
  * rows of its pair's query heads once per step: their Q, dO and dQ partial, group x Lq x
- * (2 Dk + Dv) floats. Where that passes SWEEP_IN_CACHE bytes it comes from DRAM, and each tile
- * of queries is then used for up to MAX_KEY_GROUP key blocks in a row, while it is in cache,
- * rather than once per block; the blocks' packed K and V and their dK and dV, 512 (Dk + Dv)
- * bytes a block, stay in the worker's scratch (at most 256 KiB: fewer blocks for larger
- * heads). Below, one block at a time measured slightly faster. Nothing is summed in another
+ * (2 Dk + Dv) floats. Where that passes SWEEP_IN_CACHE bytes (about a core's L2) it comes from
+ * L3 or DRAM, and each tile of queries is then used for up to MAX_KEY_GROUP key blocks in a
+ * row, while it is in L2, rather than once per block; the blocks' packed K and V and their dK
+ * and dV, 512 (Dk + Dv) bytes a block, stay in the worker's scratch (at most 256 KiB: fewer
+ * blocks for larger heads). Below, one block at a time measured slightly faster (at a sweep of
+ * 3 MiB, B=1 H=8 L=2048 D=128 on an Intel Xeon with 2 MiB of L2, 4 blocks took 2-3 % less
+ * time than 1; at 1.5 MiB, D=64, they measured alike). Nothing is summed in another
  * order: dK and dV of a block over the query tiles in order, dQ of a row over the key blocks
  * in order; the gradients are bitwise the same. (At B=1 Hq=16 Hkv=2 L=4096 D=64, 4 blocks at
  * a time took bwd/fwd from 3.4 to 2.8; at B=1 H=16 L=32768 D=64 causal, from 3.0 to 2.2.) */
 enum { MAX_KEY_GROUP = 4 };
-#define SWEEP_IN_CACHE (8.0 * 1024 * 1024)
+#define SWEEP_IN_CACHE (2.0 * 1024 * 1024)
 
 /* The most bytes of dQ partials held at once (sdpa__flash_backward). */
 #define DQ_BUDGET ((size_t)32 << 20)
