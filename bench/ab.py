@@ -4,6 +4,7 @@
     python3 bench/ab.py OLD/cli/sdpa NEW/cli/sdpa --rounds 5 --threads 2 --preset full
     python3 bench/ab.py A B --shape 1,16,1024,1024,64 --shape 1,16,1024,1024,64,causal
     python3 bench/ab.py OLD/cli/sdpa NEW/cli/sdpa --rounds 3 --threads 2 --preset decode
+    python3 bench/ab.py OLD/cli/sdpa NEW/cli/sdpa --backward --shape 1,16,2048,2048,64
 
 Each round runs `sdpa bench --json` once with each binary (A then B in odd rounds, B then A in
 even ones, so that a slow minute of a shared machine does not always fall on the same side).
@@ -24,6 +25,10 @@ table shows each binary's median GB/s and %bw (GB/s over the read probe that sdp
 the shape's working set, in the same run) and their ratios, and the FMA-peak check is off
 unless --peak-spread is given (a decode step does not depend on the FMA units, and on these
 machines their capacity moves far more often than the memory's).
+
+With --backward both binaries time sdpa_backward (`sdpa bench --backward`): the rates are the
+backward's, and two more columns give each binary's median bwd/fwd (its backward's time over
+its own forward's, timed alternately in the same run).
 """
 
 import argparse
@@ -63,6 +68,8 @@ def main():
     ap.add_argument("--bandwidth", action="store_true",
                     help="compare GB/s and %%bw instead of GFLOP/s and %%peak")
     ap.add_argument("--min-time", help="as sdpa bench --min-time")
+    ap.add_argument("--backward", action="store_true",
+                    help="time sdpa_backward (sdpa bench --backward) instead of the forward")
     ap.add_argument("--json", help="write every kept run here")
     o = ap.parse_args()
     if o.rounds < 1:
@@ -77,6 +84,8 @@ def main():
     args = ["--threads", str(o.threads)]
     if o.min_time is not None:
         args += ["--min-time", o.min_time]
+    if o.backward:
+        args.append("--backward")
     args += [x for s in o.shape for x in ("--shape", s)] if o.shape else ["--preset", o.preset]
     kept = {"a": [], "b": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,14 +114,19 @@ def main():
     rate, pct = ("gbs", "pct_bandwidth") if bandwidth else ("gflops", "pct_peak")
     rate_name, pct_name = ("GB/s", "%bw") if bandwidth else ("GFLOP/s", "%peak")
     print(f"{'shape':<36} {'A ' + rate_name:>9} {'B ' + rate_name:>9} {'B/A':>6} "
-          f"{'A ' + pct_name:>8} {'B ' + pct_name:>8} {'B/A':>6} {'A spread':>9}")
+          f"{'A ' + pct_name:>8} {'B ' + pct_name:>8} {'B/A':>6} {'A spread':>9}"
+          + (f" {'A bwd/fwd':>9} {'B bwd/fwd':>9}" if o.backward else ""))
     for n, shape in enumerate(first["shapes"]):
         col = {side: [j["shapes"][n] for j in kept[side]] for side in ("a", "b")}
         ga, gb = (statistics.median(x[rate] for x in col[s]) for s in ("a", "b"))
         pa, pb = (statistics.median(x[pct] for x in col[s]) for s in ("a", "b"))
         spread = [x[rate] for x in col["a"]]
+        ratios = ""
+        if o.backward:
+            ra, rb = (statistics.median(x["bwd_over_fwd"] for x in col[s]) for s in ("a", "b"))
+            ratios = f" {ra:9.2f} {rb:9.2f}"
         print(f"{shape['spec']:<36} {ga:9.1f} {gb:9.1f} {gb / ga:6.3f} {pa:8.1f} {pb:8.1f} "
-              f"{pb / pa:6.3f} {(max(spread) - min(spread)) / ga * 100:8.1f}%")
+              f"{pb / pa:6.3f} {(max(spread) - min(spread)) / ga * 100:8.1f}%{ratios}")
     if o.json:
         with open(o.json, "w") as f:
             json.dump({"a": kept["a"], "b": kept["b"]}, f, indent=1)
