@@ -13,8 +13,8 @@
  * QUERY_BLOCK queries of head h against KEY_BLOCK keys (tile_a) forms S and P row-major (one key
  * per SIMD lane: qk with query rows where it takes keys, and the keys packed where it takes
  * Q^T), dV += P^T dO and dK += dS^T Q with pv summing over the query rows, and, in the one-pass
- * schedule, dQ += dS K with pv over dS transposed (pack_q): five tile products, the forward's
- * two and three more, as in FlashAttention-2.
+ * schedule, dQ += dS K with pv_t (or, in a table without it, pv over dS transposed by
+ * pack_q): five tile products, the forward's two and three more, as in FlashAttention-2.
  *
  * The one-pass schedule. dK and dV of a block of keys are summed in a task's registers and
  * scratch and stored once; dQ of a row gets a term from every block of keys it sees, and so
@@ -370,13 +370,19 @@ static void tile_a(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
     } else
         uk->pv(nq, nk, p->Dk, ws->dp, ld, ws->ones, q, ldq, kt->acc_k, pl->dkp);
 
-    // dQ += dS K (scaled when stored), over dS transposed: dst[jj][r], a query row per lane
+    // dQ += dS K (scaled when stored): by pv_t from dS as it is, else over dS transposed,
+    // dst[jj][r], a query row per lane
     if (dq == NULL)
         return;
+    const int careful = hidden && kt->k_bad;
+    if (uk->pv_t != NULL && !careful) {
+        uk->pv_t(nk, nq, p->Dk, ws->dp, ld, ws->ones, kt->k, kt->ldk, dq, pl->dkp);
+        return;
+    }
     for (int64_t r = 0; r < nq; r++)
         ws->rowp[r] = ws->dp + r * ld;
     uk->pack_q(nq, nk, ws->rowp, ws->dst, QUERY_BLOCK);
-    if (hidden && kt->k_bad) {
+    if (careful) {
         uk->pv_careful(nk, nq, p->Dk, ws->dst, QUERY_BLOCK, ws->ones, kt->k, kt->ldk, dq, pl->dkp);
         sdpa__nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, 1, ld, kt->k, kt->ldk, dq,
                                    pl->dkp);

@@ -84,6 +84,11 @@ typedef struct sdpa__ukernels {
      * for r < nr (not padded), c < dv. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,
                const float *v, int64_t ldv, float *o, int64_t ldo);
+    /* Optional (NULL: not offered), pv with the weights stored transposed, p[r*ldp + j] in
+     * place of p[j*ldp + r], bitwise what pv gives on them transposed: the backward's
+     * dQ += dS K straight from its row-major dS, with no transposing pass. */
+    void (*pv_t)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                 const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo);
     /* Nonzero when pv and pv_few_half, given nr <= SDPA__FEW_ROWS rows, ask for V's rows
      * [nk, 2 nk) to be brought into the cache as they pass over rows [0, nk): the next slice
      * of a cache read in place, whose rows follow this one's (pv_careful need not). The

@@ -451,10 +451,11 @@ INLINE void store_cols(int masked, __m256i last, float *x, __m256 y) {
 }
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
- * of columns; with `masked`, the last vector is limited to the lanes of `last`. */
-INLINE void pv_block(int elem, int mr, int nv, int masked, int pf, int careful, __m256i last,
-                     int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
-                     int64_t ldv, float *o, int64_t ldo) {
+ * of columns; with `masked`, the last vector is limited to the lanes of `last`. With `tr` the
+ * weights are stored transposed, p[a][j] (pv_t). */
+INLINE void pv_block(int tr, int elem, int mr, int nv, int masked, int pf, int careful,
+                     __m256i last, int64_t nk, const float *p, int64_t ldp, const float *alpha,
+                     const void *v, int64_t ldv, float *o, int64_t ldo) {
     __m256 acc[6][2];
     for (int a = 0; a < mr; a++) {
         const __m256 al = _mm256_broadcast_ss(alpha + a);
@@ -470,7 +471,7 @@ INLINE void pv_block(int elem, int mr, int nv, int masked, int pf, int careful, 
             vv[c] = masked && c == nv - 1 ? load8_tail(elem, v, j * ldv + 8 * c, last)
                                           : load8(elem, v, j * ldv + 8 * c);
         for (int a = 0; a < mr; a++) {
-            const __m256 pb = _mm256_broadcast_ss(p + j * ldp + a);
+            const __m256 pb = _mm256_broadcast_ss(tr ? p + a * ldp + j : p + j * ldp + a);
             /* careful: a zero weight multiplies 0 instead of v, which adds +-0 as it would
              * for a finite v, and not NaN */
             const __m256 hidden =
@@ -486,41 +487,41 @@ INLINE void pv_block(int elem, int mr, int nv, int masked, int pf, int careful, 
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int elem, int64_t n, int nv, int masked, int pf, int careful, __m256i last,
-                    int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
-                    int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_tail(int tr, int elem, int64_t n, int nv, int masked, int pf, int careful,
+                    __m256i last, int64_t nk, const float *p, int64_t ldp, const float *alpha,
+                    const void *v, int64_t ldv, float *o, int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(elem, 1, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 1, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 2:
-        pv_block(elem, 2, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 2, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 3:
-        pv_block(elem, 3, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 3, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 4:
-        pv_block(elem, 4, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 4, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 5:
         if (elem == SDPA__ELEM_F32) /* pv_few_half takes at most SDPA__FEW_ROWS rows */
-            pv_block(elem, 5, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+            pv_block(tr, elem, 5, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     default:
         break;
     }
 }
 
-INLINE void pv_cols(int elem, int nv, int masked, int pf, int careful, __m256i last, int64_t nk,
-                    int64_t nr, const float *p, int64_t ldp, const float *alpha, const void *v,
-                    int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_cols(int tr, int elem, int nv, int masked, int pf, int careful, __m256i last,
+                    int64_t nk, int64_t nr, const float *p, int64_t ldp, const float *alpha,
+                    const void *v, int64_t ldv, float *o, int64_t ldo) {
     int64_t r = 0;
     if (elem == SDPA__ELEM_F32)
         for (; r + 6 <= nr; r += 6)
-            pv_block(elem, 6, nv, masked, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv,
-                     o + r * ldo, ldo);
-    pv_tail(elem, nr - r, nv, masked, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv,
-            o + r * ldo, ldo);
+            pv_block(tr, elem, 6, nv, masked, pf, careful, last, nk, tr ? p + r * ldp : p + r, ldp,
+                     alpha + r, v, ldv, o + r * ldo, ldo);
+    pv_tail(tr, elem, nr - r, nv, masked, pf, careful, last, nk, tr ? p + r * ldp : p + r, ldp,
+            alpha + r, v, ldv, o + r * ldo, ldo);
 }
 
 /* P V over the columns in blocks of 16, each block a pass over the keys. With `pf` (a decode
@@ -528,20 +529,20 @@ INLINE void pv_cols(int elem, int nv, int masked, int pf, int careful, __m256i l
  * follow these in V when V is read in place, so the next slice's V is asked for spread over
  * this one's work rather than in a burst that would stall the loads behind it (a prefetch
  * past the end of V never faults). */
-INLINE void pv_all(int elem, int pf, int careful, int64_t nk, int64_t nr, int64_t dv,
+INLINE void pv_all(int tr, int elem, int pf, int careful, int64_t nk, int64_t nr, int64_t dv,
                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                    float *o, int64_t ldo) {
     const __m256i none = _mm256_setzero_si256();
     int64_t c = 0;
     for (; c + 16 <= dv; c += 16)
-        pv_cols(elem, 2, 0, pf, careful, none, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
+        pv_cols(tr, elem, 2, 0, pf, careful, none, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
                 o + c, ldo);
     const int64_t rest = dv - c;
     const void *vc = elem_at(elem, v, c);
     if (rest == 0)
         return;
     if (rest == 8) {
-        pv_cols(elem, 1, 0, pf, careful, none, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 1, 0, pf, careful, none, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         return;
     }
     /* lanes below rest % 8 (or all 8) of the last vector */
@@ -549,24 +550,30 @@ INLINE void pv_all(int elem, int pf, int careful, int64_t nk, int64_t nr, int64_
     const __m256i last =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(keep), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     if (rest > 8)
-        pv_cols(elem, 2, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 2, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
     else
-        pv_cols(elem, 1, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 1, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
 }
 
 static void pv_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     if (nr <= SDPA__FEW_ROWS)
-        pv_all(SDPA__ELEM_F32, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_F32, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
     else
-        pv_all(SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+}
+
+/* pv with the weights transposed (ukernels.h): the same blocks and order as pv_avx2. */
+static void pv_t_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                      const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    pv_all(1, SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 /* The same blocks and order as pv_avx2 (prefetching changes no result). */
 static void pv_careful_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                             const float *alpha, const float *v, int64_t ldv, float *o,
                             int64_t ldo) {
-    pv_all(SDPA__ELEM_F32, 0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(0, SDPA__ELEM_F32, 0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 /* pv_avx2 for a decode step's few rows with V's rows in f16 or bf16, widened as loaded. */
@@ -574,9 +581,9 @@ static void pv_few_half_avx2(int elem, int64_t nk, int64_t nr, int64_t dv, const
                              int64_t ldp, const float *alpha, const void *v, int64_t ldv, float *o,
                              int64_t ldo) {
     if (elem == SDPA__ELEM_F16)
-        pv_all(SDPA__ELEM_F16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_F16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
     else
-        pv_all(SDPA__ELEM_BF16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_BF16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx2 = {
@@ -592,6 +599,7 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .exp_lse_rows = exp_lse_rows_avx2,
     .ds = ds_avx2,
     .pv = pv_avx2,
+    .pv_t = pv_t_avx2,
     .pv_few_prefetch = 1,
     .pv_careful = pv_careful_avx2,
     .load_row = sdpa__load_row_avx2,

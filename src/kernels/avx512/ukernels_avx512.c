@@ -396,10 +396,11 @@ static void ds_avx512(int64_t nr, int64_t n, float *dp, int64_t ld, const float 
 }
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
- * of columns starting at o and v; the last vector is limited by `last` (a lane mask). */
-INLINE void pv_block(int elem, int mr, int nv, int pf, int careful, __mmask16 last, int64_t nk,
-                     const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
-                     float *o, int64_t ldo) {
+ * of columns starting at o and v; the last vector is limited by `last` (a lane mask). With
+ * `tr` the weights are stored transposed, p[a][j] (pv_t). */
+INLINE void pv_block(int tr, int elem, int mr, int nv, int pf, int careful, __mmask16 last,
+                     int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
+                     int64_t ldv, float *o, int64_t ldo) {
     __m512 acc[12][4];
     for (int a = 0; a < mr; a++) {
         const __m512 al = _mm512_set1_ps(alpha[a]);
@@ -415,7 +416,7 @@ INLINE void pv_block(int elem, int mr, int nv, int pf, int careful, __mmask16 la
         for (int c = 0; c < nv; c++)
             vv[c] = load_elems(elem, v, j * ldv + 16 * c, c == nv - 1 ? last : 0xffff);
         for (int a = 0; a < mr; a++) {
-            const __m512 pb = _mm512_set1_ps(p[j * ldp + a]);
+            const __m512 pb = _mm512_set1_ps(tr ? p[a * ldp + j] : p[j * ldp + a]);
             if (careful) {
                 /* a zero weight leaves acc as it is, which is what adding its +-0 product
                  * with a finite v does, and lets no NaN in */
@@ -434,25 +435,25 @@ INLINE void pv_block(int elem, int mr, int nv, int pf, int careful, __mmask16 la
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int elem, int64_t n, int nv, int pf, int careful, __mmask16 last, int64_t nk,
-                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
-                    float *o, int64_t ldo) {
+INLINE void pv_tail(int tr, int elem, int64_t n, int nv, int pf, int careful, __mmask16 last,
+                    int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
+                    int64_t ldv, float *o, int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(elem, 1, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 1, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 2:
-        pv_block(elem, 2, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 2, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 3:
-        pv_block(elem, 3, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 3, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 4:
-        pv_block(elem, 4, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 4, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     case 5:
         if (elem == SDPA__ELEM_F32) /* pv_few_half takes at most SDPA__FEW_ROWS rows */
-            pv_block(elem, 5, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+            pv_block(tr, elem, 5, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
         break;
     default:
         break;
@@ -460,28 +461,28 @@ INLINE void pv_tail(int elem, int64_t n, int nv, int pf, int careful, __mmask16 
 }
 
 /* All rows for nv vectors of columns: 6 rows at a time, then the row tail in one block. */
-INLINE void pv_cols(int elem, int nv, int pf, int careful, __mmask16 last, int64_t nk, int64_t nr,
-                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
-                    float *o, int64_t ldo) {
+INLINE void pv_cols(int tr, int elem, int nv, int pf, int careful, __mmask16 last, int64_t nk,
+                    int64_t nr, const float *p, int64_t ldp, const float *alpha, const void *v,
+                    int64_t ldv, float *o, int64_t ldo) {
     int64_t r = 0;
     if (elem == SDPA__ELEM_F32)
         for (; r + 6 <= nr; r += 6)
-            pv_block(elem, 6, nv, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo,
-                     ldo);
-    pv_tail(elem, nr - r, nv, pf, careful, last, nk, p + r, ldp, alpha + r, v, ldv, o + r * ldo,
-            ldo);
+            pv_block(tr, elem, 6, nv, pf, careful, last, nk, tr ? p + r * ldp : p + r, ldp,
+                     alpha + r, v, ldv, o + r * ldo, ldo);
+    pv_tail(tr, elem, nr - r, nv, pf, careful, last, nk, tr ? p + r * ldp : p + r, ldp, alpha + r,
+            v, ldv, o + r * ldo, ldo);
 }
 
 /* P V over the columns in blocks of up to 64, each block a pass over the keys. With `pf` (a
  * decode step's few rows), each pass also requests its columns of the next slice's rows,
  * which follow these in V when V is read in place: the next slice's V is asked for spread
  * over this one's work (as in the AVX2 table; a prefetch past the end of V never faults). */
-INLINE void pv_all(int elem, int pf, int careful, int64_t nk, int64_t nr, int64_t dv,
+INLINE void pv_all(int tr, int elem, int pf, int careful, int64_t nk, int64_t nr, int64_t dv,
                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                    float *o, int64_t ldo) {
     int64_t c = 0;
     for (; c + 64 <= dv; c += 64)
-        pv_cols(elem, 4, pf, careful, 0xffff, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
+        pv_cols(tr, elem, 4, pf, careful, 0xffff, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
                 o + c, ldo);
     const int64_t rest = dv - c;
     if (rest == 0)
@@ -490,16 +491,16 @@ INLINE void pv_all(int elem, int pf, int careful, int64_t nk, int64_t nr, int64_
     const void *vc = elem_at(elem, v, c);
     switch ((rest + 15) / 16) {
     case 4:
-        pv_cols(elem, 4, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 4, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         break;
     case 3:
-        pv_cols(elem, 3, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 3, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         break;
     case 2:
-        pv_cols(elem, 2, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 2, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         break;
     default:
-        pv_cols(elem, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
         break;
     }
 }
@@ -507,16 +508,22 @@ INLINE void pv_all(int elem, int pf, int careful, int64_t nk, int64_t nr, int64_
 static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
     if (nr <= SDPA__FEW_ROWS)
-        pv_all(SDPA__ELEM_F32, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_F32, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
     else
-        pv_all(SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+}
+
+/* pv with the weights transposed (ukernels.h): the same blocks and order as pv_avx512. */
+static void pv_t_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                        const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
+    pv_all(1, SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 /* The same blocks and order as pv_avx512 (prefetching changes no result). */
 static void pv_careful_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                               const float *alpha, const float *v, int64_t ldv, float *o,
                               int64_t ldo) {
-    pv_all(SDPA__ELEM_F32, 0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(0, SDPA__ELEM_F32, 0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 /* pv_avx512 for a decode step's few rows with V's rows in f16 or bf16, widened as loaded. */
@@ -524,9 +531,9 @@ static void pv_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dv, con
                                int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                                float *o, int64_t ldo) {
     if (elem == SDPA__ELEM_F16)
-        pv_all(SDPA__ELEM_F16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_F16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
     else
-        pv_all(SDPA__ELEM_BF16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_BF16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx512 = {
@@ -542,6 +549,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .exp_lse_rows = exp_lse_rows_avx512,
     .ds = ds_avx512,
     .pv = pv_avx512,
+    .pv_t = pv_t_avx512,
     .pv_few_prefetch = 1,
     .pv_careful = pv_careful_avx512,
     .load_row = sdpa__load_row_avx512,
