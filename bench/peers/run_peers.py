@@ -15,6 +15,8 @@ Re-run it from the repository root (after `make`, which builds build/cli/sdpa):
     python3 bench/peers/run_peers.py --threads 2 --dtype bf16     # half precision (f16, bf16)
     python3 bench/peers/run_peers.py --threads 2 --preset decode  # the decode targets of issue
                                                                    # 13: f32 Q/O, f16 K/V cache
+    python3 bench/peers/run_peers.py --threads 2 --rounds 3       # 3 interleaved rounds, medians:
+                                                                   # how to compare on a noisy VM
 
 The peers run in virtual environments under bench/peers/ (git ignores them), created and filled
 with pip on first use; later runs reuse them, and deleting one rebuilds it:
@@ -78,6 +80,20 @@ What it does:
           features. MKL cannot be asked what it chose.
 --no-ggml leaves ggml out; --ggml-python PATH runs ggml in an interpreter of your own.
 
+--rounds N (default 1) runs steps 1 to 3 N times, alternating the order: sdpa first, then the
+peers, in the 1st, 3rd, ... round; the peers (torch/numpy, then ggml) first, then sdpa, in the
+2nd, 4th, ... (the shapes are those of the first round's sdpa JSON). The virtual environments
+are made once before all rounds, and step 4's peak is measured once after them. It is the way
+to compare on a noisy, shared machine (on our 2-core VMs the FMA peak halves for minutes at a
+time): with one round, sdpa's figures and the peers' are taken minutes apart, and a slow spell
+can fall on one system only and skew the ratios. Every figure of the table is then the median
+over the rounds, per shape and system (of each round's figure: GFLOP/s, ms, GB/s, bwd/fwd...),
+and so is the FMA peak of its header (the medians of the start and end peaks; a second line
+gives each round's start/end); the peak warning weighs every round's start and end peaks and
+the final one; and after the table a line per shape gives each round's sdpa/torch (GFLOP/s)
+and their median, forward and backward alike. The table's sdpa/torch is the ratio of the
+medians, that line's median the median of the ratios.
+
 Dtypes. --dtype and --kv-dtype go to sdpa bench (as does a DTYPE field in --shape), and each
 shape of its JSON carries its dtype (Q and O) and kv_dtype (K and V). Every worker draws the
 inputs in f32 and rounds them to those dtypes (to nearest even; bf16 on the bits, numpy having
@@ -126,7 +142,8 @@ environment is built for it. The JSON then holds torch's ms_forward_median and b
 The JSON of --json holds sdpa's JSON, the peers' figures per shape (torch, torch_kv for mixed
 dtypes, numpy, ggml, ggml_f16: reps, median/min/max ms, GFLOP/s, K/V GB/s, and for ggml
 max_rel_err, or skipped/failed with the reason), the ISA each system reported, the thread count, --isa and
---backward.
+--backward. With --rounds N > 1, "sdpa" and "peers" are the merged (median) ones the table
+shows, and "rounds" holds each round's own sdpa and peers JSON, with "first" (sdpa or peers).
 """
 
 import argparse
@@ -551,7 +568,7 @@ def isa_line(args, sdpa, peers):
     return "ISA level (--isa %s): %s" % (args.isa, "; ".join(parts)), warn
 
 
-def print_table(args, sdpa, peers, peak):
+def print_table(args, sdpa, peers, peak, round_sdpa=None):
     gi = peers.get("ggml_info")
     print()
     print("sdpa %s vs torch %s, numpy %s and ggml %s: %d thread%s, %s, %s" % (
@@ -561,9 +578,7 @@ def print_table(args, sdpa, peers, peak):
         sdpa["threads"], "" if sdpa["threads"] == 1 else "s", sdpa["cpu_model"], sdpa["date"]))
     line, warn = isa_line(args, sdpa, peers)
     print(line)
-    print("FP32 FMA peak measured by sdpa bench: %.1f GFLOP/s (start %.1f, end %.1f, %s loop)" % (
-        peak, sdpa["peak"]["start"]["fma_gflops"], sdpa["peak"]["end"]["fma_gflops"],
-        sdpa["peak"]["start"]["isa"]))
+    print_peak(sdpa, peak, round_sdpa)
     print()
     row_fmt = "%-34s %9s %9s %9s %9s %9s %12s %10s %9s %8s %9s %9s %8s"
     print(row_fmt % ("shape (B,H,Lq,Lk,D[,mask][,dt])", "sdpa", "torch", "torch kv", "numpy",
@@ -633,7 +648,7 @@ def print_table(args, sdpa, peers, peak):
         print("WARNING: --isa avx2, but %s." % w)
 
 
-def print_backward_table(args, sdpa, peers, peak):
+def print_backward_table(args, sdpa, peers, peak, round_sdpa=None):
     """--backward: sdpa_backward and torch autograd through F.scaled_dot_product_attention."""
     print()
     print("backward: sdpa %s vs torch %s autograd: %d thread%s, %s, %s" % (
@@ -645,9 +660,7 @@ def print_backward_table(args, sdpa, peers, peak):
             if ln.startswith("backward:")]
     if kern:
         print("sdpa_backward runs on: %s" % kern[0])
-    print("FP32 FMA peak measured by sdpa bench: %.1f GFLOP/s (start %.1f, end %.1f, %s loop)" % (
-        peak, sdpa["peak"]["start"]["fma_gflops"], sdpa["peak"]["end"]["fma_gflops"],
-        sdpa["peak"]["start"]["isa"]))
+    print_peak(sdpa, peak, round_sdpa)
     print()
     row_fmt = "%-34s %9s %9s %9s %9s %10s %9s %9s %9s %9s"
     print(row_fmt % ("shape (B,H,Lq,Lk,D[,mask])", "sdpa bwd", "torch bwd", "sdpa bwd",
@@ -678,6 +691,109 @@ def print_backward_table(args, sdpa, peers, peak):
           "inputs, the backward torch.autograd.grad(out, (q, k, v), dout)).")
     for w in warn:
         print("WARNING: --isa avx2, but %s." % w)
+
+
+def run_sdpa(args, sdpa_env, tmp):
+    """sdpa bench --json at the preset's or the --shape shapes; returns its JSON."""
+    out = os.path.join(tmp, "sdpa.json")
+    cmd = [args.sdpa, "bench", "--threads", str(args.threads), "--json", out,
+           "--reps", str(args.reps), "--warmup", str(args.warmup),
+           "--min-time", str(args.min_time)]
+    cmd += [a for s in args.shape for a in ("--shape", s)] or ["--preset", args.preset]
+    if args.backward:
+        cmd.append("--backward")
+    for opt, val in (("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype)):
+        if val:
+            cmd += [opt, val]
+    print("$ %s%s" % ("SDPA_MAX_ISA=avx2 " if args.isa == "avx2" else "", " ".join(cmd)),
+          flush=True)
+    if subprocess.call(cmd, env=sdpa_env) != 0:
+        sys.exit("run_peers.py: sdpa bench failed")
+    return json.load(open(out))
+
+
+def run_peers(args, py, gpy, peer_env, shapes, tmp):
+    """The torch/numpy worker, then ggml's (when gpy), at the shapes of sdpa bench's JSON;
+    returns the torch/numpy worker's figures with ggml's added to each shape."""
+    # torch and numpy, in their own interpreter, with the BLAS held to the same threads.
+    job = {"threads": args.threads, "reps": args.reps, "warmup": args.warmup,
+           "min_time": args.min_time, "numpy_max_bytes": args.numpy_max_gb * 1e9,
+           "isa": args.isa, "backward": args.backward, "shapes": shapes}
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(args.threads)
+    job_path, res = os.path.join(tmp, "job.json"), os.path.join(tmp, "peers.json")
+    json.dump(dict(job, peers="torch,numpy"), open(job_path, "w"))
+    if run_worker(py, "torch, numpy", job_path, res, dict(env, **peer_env)) != 0:
+        sys.exit("run_peers.py: the peers failed (is torch 2.x installed in %s?)" % py)
+    peers = json.load(open(res))
+    peers["env"] = peer_env
+
+    # ggml, in a process of its own; its failure costs its columns, not the run.
+    if gpy:
+        json.dump(dict(job, peers="ggml"), open(job_path, "w"))
+        res = os.path.join(tmp, "ggml.json")
+        # numpy there only draws the inputs and computes the check's reference: one BLAS
+        # thread, so that no idle BLAS worker competes with ggml's N threads for cores.
+        rc = run_worker(gpy, "ggml", job_path, res,
+                        dict(env, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1"))
+        if rc != 0:
+            peers["ggml_error"] = "its worker failed (exit status %d; its message is " \
+                                  "above), no figures" % rc
+        else:
+            got = json.load(open(res))
+            peers["ggml_info"] = got["ggml_info"]
+            for row, g in zip(peers["shapes"], got["shapes"]):
+                row["ggml"], row["ggml_f16"] = g["ggml"], g["ggml_f16"]
+                row["ggml_inputs_differ"] = g["inputs_crc32"] != row["inputs_crc32"]
+    return peers
+
+
+def merge_rounds(xs):
+    """The rounds' JSON (sdpa's, or the peers') merged into one of the same form: dicts key by
+    key (the keys of round 0), lists element by element, and a number (not a bool) that every
+    round has at that place becomes the median of the rounds' (a figure that is the same in
+    all, like a shape's B or flops, stays itself); None if some round has None there; anything
+    else (strings, bools, a key or list some round lacks) is round 0's."""
+    x0 = xs[0]
+    if isinstance(x0, dict) and all(isinstance(x, dict) for x in xs):
+        return {k: merge_rounds([x[k] for x in xs]) if all(k in x for x in xs) else v
+                for k, v in x0.items()}
+    if isinstance(x0, list) and all(isinstance(x, list) and len(x) == len(x0) for x in xs):
+        return [merge_rounds(list(col)) for col in zip(*xs)]
+    if any(x is None for x in xs):
+        return None
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
+        return x0 if all(x == x0 for x in xs) else statistics.median(xs)
+    return x0
+
+
+def print_peak(sdpa, peak, round_sdpa):
+    """The header's FMA peak line; with --rounds, a second one with each round's."""
+    print("FP32 FMA peak measured by sdpa bench: %.1f GFLOP/s (start %.1f, end %.1f, %s loop)" % (
+        peak, sdpa["peak"]["start"]["fma_gflops"], sdpa["peak"]["end"]["fma_gflops"],
+        sdpa["peak"]["start"]["isa"]))
+    if round_sdpa:
+        print("FMA peak of each round's sdpa bench, start/end (the line above has their "
+              "medians): %s" % ", ".join(
+                  "%s/%s" % (fmt(x["peak"]["start"]["fma_gflops"]),
+                             fmt(x["peak"]["end"]["fma_gflops"])) for x in round_sdpa))
+
+
+def print_round_ratios(rounds):
+    """--rounds: per shape, each round's sdpa/torch (GFLOP/s) and their median."""
+    print()
+    for i, s in enumerate(rounds[0]["sdpa"]["shapes"]):
+        ratios = []
+        for x in rounds:
+            a = x["sdpa"]["shapes"][i].get("gflops")
+            t = x["peers"]["shapes"][i].get("torch", {}).get("gflops")
+            if not a or not t:
+                break
+            ratios.append(a / t)
+        else:
+            print("rounds sdpa/torch at %s: %s (median %.2f)" % (
+                s["spec"], " ".join("%.2f" % q for q in ratios), statistics.median(ratios)))
 
 
 def run_worker(py, what, job, res, env):
@@ -725,7 +841,15 @@ def main():
                     help="time budget per shape and implementation, seconds (default 1)")
     ap.add_argument("--numpy-max-gb", type=float, default=3.0,
                     help="skip numpy where its Lq x Lk arrays need more (default 3)")
-    ap.add_argument("--json", help="also write all figures (sdpa's JSON plus the peers') here")
+    ap.add_argument("--rounds", type=int, default=1, metavar="N",
+                    help="run sdpa and the peers N times, alternating who goes first (sdpa in "
+                         "the 1st, 3rd, ... round, the peers in the 2nd, 4th, ...), and show "
+                         "the median of each figure over the rounds, each round's FMA peaks "
+                         "and each round's sdpa/torch: the way to compare on a noisy, shared "
+                         "machine, where a slow spell would otherwise fall on one side only "
+                         "(default 1)")
+    ap.add_argument("--json", help="also write all figures (sdpa's JSON plus the peers') here; "
+                                   "with --rounds, also each round's under \"rounds\"")
     ap.add_argument("--worker", nargs=2, metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -733,6 +857,8 @@ def main():
         return 0
     if args.threads < 1 or args.reps < 1 or args.warmup < 0 or args.min_time < 0:
         ap.error("--threads and --reps must be >= 1, --warmup and --min-time >= 0")
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     if not os.access(args.sdpa, os.X_OK):
         sys.exit("run_peers.py: %s is not an executable; build it with `make` or pass --sdpa"
                  % args.sdpa)
@@ -745,54 +871,31 @@ def main():
     sdpa_env = dict(os.environ, **sdpa_env)
 
     with tempfile.TemporaryDirectory() as tmp:
-        # 1. sdpa, whose JSON defines the shapes.
-        out = os.path.join(tmp, "sdpa.json")
-        cmd = [args.sdpa, "bench", "--threads", str(args.threads), "--json", out,
-               "--reps", str(args.reps), "--warmup", str(args.warmup),
-               "--min-time", str(args.min_time)]
-        cmd += [a for s in args.shape for a in ("--shape", s)] or ["--preset", args.preset]
-        if args.backward:
-            cmd.append("--backward")
-        for opt, val in (("--dtype", args.dtype), ("--kv-dtype", args.kv_dtype)):
-            if val:
-                cmd += [opt, val]
-        print("$ %s%s" % ("SDPA_MAX_ISA=avx2 " if args.isa == "avx2" else "", " ".join(cmd)),
-              flush=True)
-        if subprocess.call(cmd, env=sdpa_env) != 0:
-            sys.exit("run_peers.py: sdpa bench failed")
-        sdpa = json.load(open(out))
-
-        # 2. torch and numpy, in their own interpreter, with the BLAS held to the same threads.
-        job = {"threads": args.threads, "reps": args.reps, "warmup": args.warmup,
-               "min_time": args.min_time, "numpy_max_bytes": args.numpy_max_gb * 1e9,
-               "isa": args.isa, "backward": args.backward, "shapes": sdpa["shapes"]}
-        env = dict(os.environ)
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env[var] = str(args.threads)
-        job_path, res = os.path.join(tmp, "job.json"), os.path.join(tmp, "peers.json")
-        json.dump(dict(job, peers="torch,numpy"), open(job_path, "w"))
-        if run_worker(py, "torch, numpy", job_path, res, dict(env, **peer_env)) != 0:
-            sys.exit("run_peers.py: the peers failed (is torch 2.x installed in %s?)" % py)
-        peers = json.load(open(res))
-        peers["env"] = peer_env
-
-        # 3. ggml, in a process of its own; its failure costs its columns, not the run.
-        if gpy:
-            json.dump(dict(job, peers="ggml"), open(job_path, "w"))
-            res = os.path.join(tmp, "ggml.json")
-            # numpy there only draws the inputs and computes the check's reference: one BLAS
-            # thread, so that no idle BLAS worker competes with ggml's N threads for cores.
-            rc = run_worker(gpy, "ggml", job_path, res,
-                            dict(env, OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1"))
-            if rc != 0:
-                peers["ggml_error"] = "its worker failed (exit status %d; its message is " \
-                                      "above), no figures" % rc
+        # 1.-3. sdpa, then the peers; with --rounds N, N rounds of them, in alternating order.
+        # Round 0 runs sdpa first, whose JSON defines the shapes.
+        rounds = []
+        for r in range(args.rounds):
+            first = "sdpa" if r % 2 == 0 else "peers"
+            if args.rounds > 1:
+                print("round %d of %d: %s first" % (r + 1, args.rounds, first), flush=True)
+            if first == "sdpa":
+                sdpa = run_sdpa(args, sdpa_env, tmp)
+                shapes = rounds[0]["sdpa"]["shapes"] if rounds else sdpa["shapes"]
+                peers = run_peers(args, py, gpy, peer_env, shapes, tmp)
             else:
-                got = json.load(open(res))
-                peers["ggml_info"] = got["ggml_info"]
-                for row, g in zip(peers["shapes"], got["shapes"]):
-                    row["ggml"], row["ggml_f16"] = g["ggml"], g["ggml_f16"]
-                    row["ggml_inputs_differ"] = g["inputs_crc32"] != row["inputs_crc32"]
+                peers = run_peers(args, py, gpy, peer_env, rounds[0]["sdpa"]["shapes"], tmp)
+                sdpa = run_sdpa(args, sdpa_env, tmp)
+            if rounds and [s["spec"] for s in sdpa["shapes"]] != [
+                    s["spec"] for s in rounds[0]["sdpa"]["shapes"]]:
+                sys.exit("run_peers.py: sdpa bench gave other shapes in round %d" % (r + 1))
+            rounds.append({"first": first, "sdpa": sdpa, "peers": peers})
+        if args.rounds > 1:
+            sdpa = merge_rounds([x["sdpa"] for x in rounds])
+            peers = merge_rounds([x["peers"] for x in rounds])
+            errors = ["round %d: %s" % (r + 1, x["peers"]["ggml_error"])
+                      for r, x in enumerate(rounds) if x["peers"].get("ggml_error")]
+            if errors:
+                peers["ggml_error"] = "; ".join(errors)
 
         # 4. The peak once more, right after the peers: the machine is shared, and a peak that
         # moved tells that some figures of this run were taken while something else ran.
@@ -802,19 +905,30 @@ def main():
                                "--json", after], stdout=subprocess.DEVNULL, env=sdpa_env)
         peers["peak_after"] = json.load(open(after))["peak"]["end"]
 
-    peaks = [sdpa["peak"]["start"]["fma_gflops"] or 0, sdpa["peak"]["end"]["fma_gflops"] or 0,
-             peers["peak_after"]["fma_gflops"] or 0]
-    peak = max(peaks[:2])
-    (print_backward_table if args.backward else print_table)(args, sdpa, peers, peak)
-    print("FMA peak after the peers: %.1f GFLOP/s." % peaks[2])
+    # Every round's start and end peaks of sdpa bench, then the one after the peers. With one
+    # round, sdpa's start and end; with several, the table's peak is the higher of their
+    # medians (the merged sdpa's).
+    peaks = [x["sdpa"]["peak"][when]["fma_gflops"] or 0 for x in rounds
+             for when in ("start", "end")] + [peers["peak_after"]["fma_gflops"] or 0]
+    peak = max(sdpa["peak"]["start"]["fma_gflops"] or 0, sdpa["peak"]["end"]["fma_gflops"] or 0)
+    round_sdpa = [x["sdpa"] for x in rounds] if args.rounds > 1 else None
+    (print_backward_table if args.backward else print_table)(args, sdpa, peers, peak,
+                                                             round_sdpa)
+    if args.rounds > 1:
+        print_round_ratios(rounds)
+    print("FMA peak after the %s: %.1f GFLOP/s." % (
+        "last round" if args.rounds > 1 else "peers", peaks[-1]))
     if min(peaks) < 0.85 * max(peaks):
         print("WARNING: the FMA peaks of this run (%s GFLOP/s) differ by more than 15 %%: the "
               "machine was busy for part of it. Rerun before believing the figures."
               % ", ".join("%.0f" % x for x in peaks))
     if args.json:
+        out = {"sdpa": sdpa, "peers": peers, "threads": args.threads, "isa": args.isa,
+               "backward": args.backward}
+        if args.rounds > 1:
+            out["rounds"] = rounds
         with open(args.json + ".tmp", "w") as f:
-            json.dump({"sdpa": sdpa, "peers": peers, "threads": args.threads, "isa": args.isa,
-                       "backward": args.backward}, f, indent=1)
+            json.dump(out, f, indent=1)
         os.replace(args.json + ".tmp", args.json)
     return 0
 
