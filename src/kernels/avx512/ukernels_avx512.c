@@ -322,16 +322,23 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), neg_zero = _mm512_set1_ps(-0.0f);
     __mmask16 hidden = 0;
     for (int64_t r = 0; r < nr; r += 16) {
+        /* the max in four independent chains, keys j = 0, 1, 2, 3 mod 4 (a max is exact, so
+         * any order gives the same for scores without NaN: 4x shorter latency) */
         const __m512 m_old = _mm512_loadu_ps(m + r);
-        __m512 mx = m_old;
-        for (int64_t j = 0; j < nk; j++)
-            mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j * lds + r));
+        __m512 mc[4] = {m_old, neg_inf, neg_inf, neg_inf};
+        int64_t j = 0;
+        for (; j + 4 <= nk; j += 4)
+            for (int c = 0; c < 4; c++)
+                mc[c] = _mm512_max_ps(mc[c], _mm512_loadu_ps(s + (j + c) * lds + r));
+        for (; j < nk; j++)
+            mc[0] = _mm512_max_ps(mc[0], _mm512_loadu_ps(s + j * lds + r));
+        const __m512 mx = _mm512_max_ps(_mm512_max_ps(mc[0], mc[1]), _mm512_max_ps(mc[2], mc[3]));
         /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
         const __m512 u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), mx,
                                               _mm512_setzero_ps());
         const __m512 a = exp512(_mm512_sub_ps(m_old, u));
         __m512 sum = _mm512_setzero_ps();
-        for (int64_t j = 0; j < nk; j++) {
+        for (j = 0; j < nk; j++) {
             const __m512 x = _mm512_loadu_ps(s + j * lds + r);
             const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
             hidden |= inf;
