@@ -338,10 +338,17 @@ static int softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m,
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     __m256 hidden = _mm256_setzero_ps();
     for (int64_t r = 0; r < nr; r += 8) {
+        /* the max in four independent chains, keys j = 0, 1, 2, 3 mod 4 (a max is exact, so
+         * any order gives the same for scores without NaN: 4x shorter latency) */
         const __m256 m_old = _mm256_loadu_ps(m + r);
-        __m256 mx = m_old;
-        for (int64_t j = 0; j < nk; j++)
-            mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j * lds + r));
+        __m256 mc[4] = {m_old, neg_inf, neg_inf, neg_inf};
+        int64_t j = 0;
+        for (; j + 4 <= nk; j += 4)
+            for (int c = 0; c < 4; c++)
+                mc[c] = _mm256_max_ps(mc[c], _mm256_loadu_ps(s + (j + c) * lds + r));
+        for (; j < nk; j++)
+            mc[0] = _mm256_max_ps(mc[0], _mm256_loadu_ps(s + j * lds + r));
+        const __m256 mx = _mm256_max_ps(_mm256_max_ps(mc[0], mc[1]), _mm256_max_ps(mc[2], mc[3]));
         /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
         const __m256 u =
             _mm256_blendv_ps(mx, _mm256_setzero_ps(), _mm256_cmp_ps(mx, neg_inf, _CMP_EQ_OQ));
@@ -349,8 +356,7 @@ static int softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m,
         exp256_n(1, &a);
         /* two partial sums, added in a fixed order: the result depends on nk only */
         __m256 sum[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-        int64_t j = 0;
-        for (; j + 4 <= nk; j += 4)
+        for (j = 0; j + 4 <= nk; j += 4)
             softmax_keys(4, s + j * lds + r, lds, u, &hidden, sum);
         for (; j < nk; j++)
             softmax_keys(1, s + j * lds + r, lds, u, &hidden, sum);
