@@ -234,6 +234,61 @@ static void test_hidden_keys_bitwise(void) {
     }
 }
 
+/* The same for a decode step's few rows (Lq = 1, groups of 1 to 4 query heads per kv head:
+ * qk_few, the tables' few-rows softmax and P V), key counts around the groups of four keys
+ * and the key tile: keys 5n + 2 hidden by a -inf mask hold NaN and Inf in K and V, and every
+ * output is bitwise what it is when they hold ordinary numbers. */
+static void test_hidden_keys_few_rows(void) {
+    static const int64_t keys[] = {3, 7, 64, 66, 150};
+    enum { D = 40 };
+    tu_rng r = {13};
+    for (int64_t group = 1; group <= 4; group++)
+        for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++) {
+            const int64_t lk = keys[ki];
+            const tu_dims dims = {1, 2 * group, 2, 1, lk, D, D};
+            tu_problem clean = tu_problem_new(dims, &r), dirty = tu_problem_new(dims, &r);
+            tu_tensor mask = tu_alloc(SDPA_F32, 1, 1, 1, lk, TU_BHLD, 0, 0);
+            for (int64_t j = 0; j < lk; j++)
+                tu_set(&mask.t, 0, 0, 0, j, j % 5 == 2 ? -INFINITY : 0.0);
+            clean.p.mask = &mask.t;
+            dirty.p = clean.p;
+            for (int64_t h = 0; h < 2 * group; h++)
+                for (int64_t d = 0; d < D; d++)
+                    tu_set(&dirty.q.t, 0, h, 0, d, tu_get(&clean.q.t, 0, h, 0, d));
+            for (int64_t h = 0; h < 2; h++)
+                for (int64_t j = 0; j < lk; j++)
+                    for (int64_t d = 0; d < D; d++) {
+                        const int bad = j % 5 == 2;
+                        tu_set(&dirty.k.t, 0, h, j, d, bad ? NAN : tu_get(&clean.k.t, 0, h, j, d));
+                        tu_set(&dirty.v.t, 0, h, j, d,
+                               bad ? (d % 2 ? NAN : INFINITY) : tu_get(&clean.v.t, 0, h, j, d));
+                    }
+            tu_impl impls[TU_MAX_IMPLS];
+            const int n_impls = tu_impls(impls);
+            for (int t = 0; t < n_impls; t++) {
+                if (!impls[t].runs)
+                    continue;
+                sdpa_ctx *ctx = tu_ctx(0, impls[t].level);
+                CHECK_INT_EQ(tu_problem_forward(ctx, &clean), SDPA_OK);
+                CHECK_INT_EQ(tu_problem_forward(ctx, &dirty), SDPA_OK);
+                int differ = 0;
+                for (int64_t h = 0; h < 2 * group; h++)
+                    for (int64_t d = 0; d < D; d++) {
+                        const float a = (float)tu_get(&clean.o.t, 0, h, 0, d);
+                        const float b = (float)tu_get(&dirty.o.t, 0, h, 0, d);
+                        differ += memcmp(&a, &b, sizeof a) != 0;
+                    }
+                CHECK_MSG(differ == 0,
+                          "[%s] group %lld Lk %lld: %d outputs differ from the clean run",
+                          impls[t].name, (long long)group, (long long)lk, differ);
+                sdpa_ctx_destroy(ctx);
+            }
+            tu_problem_free(&clean);
+            tu_problem_free(&dirty);
+            tu_free(&mask);
+        }
+}
+
 /* The unnormalised accumulator may pass FLT_MAX where the output does not: V = 1e35 over 4096
  * keys with equal scores (exact output 1e35), V = +-3e38 over 3 keys (exact +-3e38). Every
  * level gives the exact output, finite, and the right LSE; a head with ordinary values
@@ -587,5 +642,5 @@ static void test_few_half_entries(void) {
 
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_convert_rows), CASE(test_few_half_entries),
            CASE(test_tile_boundaries), CASE(test_few_rows), CASE(test_hidden_keys_bitwise),
-           CASE(test_accumulator_overflow), CASE(test_score_overflow), CASE(test_nan_inside_tiles),
-           CASE(test_thread_determinism))
+           CASE(test_hidden_keys_few_rows), CASE(test_accumulator_overflow),
+           CASE(test_score_overflow), CASE(test_nan_inside_tiles), CASE(test_thread_determinism))

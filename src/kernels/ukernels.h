@@ -59,6 +59,12 @@ typedef struct sdpa__ukernels {
      * -0.0 marks hidden keys (exp never returns it), so that a careful P.V can skip them.
      * @return nonzero if any score was -inf (some key is hidden from some row). */
     int (*softmax)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l, float *alpha);
+    /* Optional (NULL: not offered), softmax for a decode step's nr <= SDPA__FEW_ROWS rows, with
+     * the keys packed SDPA__FEW_ROWS to a vector: only lanes [0, nr) of each key's scores and
+     * of m, l and alpha are read or written. Scores, weights, m and alpha are bitwise
+     * softmax's; l's sum over the keys may be formed in another (fixed) order. */
+    int (*softmax_few)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                       float *alpha);
     /* The backward's weights, recomputed from the forward's log-sum-exp u (one per row): for
      * every j < nk and r < nr,
      *   s[j*lds + r] = (s == -inf ? -0.0f : exp(s - u[r]))

@@ -353,6 +353,78 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
     return hidden != 0;
 }
 
+/* The first 4 lanes of four keys' rows of scores, key b in 128-bit lane b. */
+INLINE __m512 four_keys(const float *s, int64_t lds) {
+    __m512 v = _mm512_castps128_ps512(_mm_loadu_ps(s));
+    v = _mm512_insertf32x4(v, _mm_loadu_ps(s + lds), 1);
+    v = _mm512_insertf32x4(v, _mm_loadu_ps(s + 2 * lds), 2);
+    return _mm512_insertf32x4(v, _mm_loadu_ps(s + 3 * lds), 3);
+}
+
+/* The lanes [0, 4) of four keys' rows back from four_keys' layout, those of `keep` only. */
+INLINE void four_keys_store(float *s, int64_t lds, __mmask8 keep, __m512 v) {
+    _mm_mask_storeu_ps(s, keep, _mm512_castps512_ps128(v));
+    _mm_mask_storeu_ps(s + lds, keep, _mm512_extractf32x4_ps(v, 1));
+    _mm_mask_storeu_ps(s + 2 * lds, keep, _mm512_extractf32x4_ps(v, 2));
+    _mm_mask_storeu_ps(s + 3 * lds, keep, _mm512_extractf32x4_ps(v, 3));
+}
+
+/* The four 128-bit lanes of x folded, ((x0 + x2) + (x1 + x3)), or their max. */
+INLINE __m128 fold4(int max, __m512 x) {
+    const __m512 h = _mm512_shuffle_f32x4(x, x, 0x4e);
+    const __m512 t = max ? _mm512_max_ps(x, h) : _mm512_add_ps(x, h);
+    const __m512 q = _mm512_shuffle_f32x4(t, t, 0xb1);
+    return _mm512_castps512_ps128(max ? _mm512_max_ps(t, q) : _mm512_add_ps(t, q));
+}
+
+/* softmax for a decode step's few rows (ukernels.h): four keys of (up to) four rows in each
+ * vector, so that the exp runs on 16 useful lanes rather than 4. The sum over the keys is
+ * formed in four partial sums (keys j = 0, 1, 2, 3 mod 4 of the whole groups of four), folded
+ * ((0 + 2) + (1 + 3)), then the last nk mod 4 keys one at a time. */
+static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                              float *alpha) {
+    const __mmask8 keep = (__mmask8)((1u << nr) - 1u);
+    const __mmask16 rows = (__mmask16)(0x1111u * keep); /* lanes [0, nr) of each key */
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), neg_zero = _mm512_set1_ps(-0.0f);
+    const __m128 m_old = _mm_maskz_loadu_ps(keep, m);
+    __m512 mc = neg_inf;
+    __m128 mt = m_old;
+    int64_t j = 0;
+    for (; j + 4 <= nk; j += 4)
+        mc = _mm512_max_ps(mc, four_keys(s + j * lds, lds));
+    for (; j < nk; j++)
+        mt = _mm_max_ps(mt, _mm_loadu_ps(s + j * lds));
+    const __m128 mx = _mm_max_ps(mt, fold4(1, mc)); /* a max is exact: softmax's m */
+    /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
+    const __m128 u = _mm_blendv_ps(mx, _mm_setzero_ps(), _mm_cmpeq_ps(mx, _mm_set1_ps(-INFINITY)));
+    const __m512 u4 = _mm512_broadcast_f32x4(u);
+    const __m128 a = _mm512_castps512_ps128(exp512(_mm512_castps128_ps512(_mm_sub_ps(m_old, u))));
+    __mmask16 hidden = 0;
+    __m512 sum = _mm512_setzero_ps();
+    for (j = 0; j + 4 <= nk; j += 4) {
+        const __m512 x = four_keys(s + j * lds, lds);
+        const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ) & rows;
+        hidden |= inf;
+        const __m512 p = _mm512_mask_blend_ps(inf, exp512(_mm512_sub_ps(x, u4)), neg_zero);
+        four_keys_store(s + j * lds, lds, keep, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    __m128 sum_t = fold4(0, sum);
+    for (; j < nk; j++) {
+        const __m512 x = _mm512_castps128_ps512(_mm_loadu_ps(s + j * lds));
+        const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ) & rows & 0xf;
+        hidden |= inf;
+        const __m128 p = _mm512_castps512_ps128(
+            _mm512_mask_blend_ps(inf, exp512(_mm512_sub_ps(x, u4)), neg_zero));
+        _mm_mask_storeu_ps(s + j * lds, keep, p);
+        sum_t = _mm_add_ps(sum_t, p);
+    }
+    _mm_mask_storeu_ps(alpha, keep, a);
+    _mm_mask_storeu_ps(l, keep, _mm_fmadd_ps(_mm_maskz_loadu_ps(keep, l), a, sum_t));
+    _mm_mask_storeu_ps(m, keep, mx);
+    return hidden != 0;
+}
+
 /* exp(s - u) for n vectors of one key's rows (see exp_lse_avx512), u one per lane, or with
  * `one` the single *u for all (exp_lse_rows). */
 INLINE void exp_lse_vectors(int n, int one, float *s, const float *u, __mmask16 *hidden) {
@@ -571,6 +643,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .qk_few_half = qk_few_half_avx512,
     .pv_few_half = pv_few_half_avx512,
     .softmax = softmax_avx512,
+    .softmax_few = softmax_few_avx512,
     .exp_lse = exp_lse_avx512,
     .exp_lse_rows = exp_lse_rows_avx512,
     .ds = ds_avx512,
