@@ -369,6 +369,72 @@ static int softmax_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m,
     return _mm256_movemask_ps(hidden) != 0;
 }
 
+/* The first 4 lanes of two keys' rows of scores, key b in 128-bit lane b, and back (the lanes
+ * of `keep` only). */
+INLINE __m256 two_keys(const float *s, int64_t lds) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(s)), _mm_loadu_ps(s + lds), 1);
+}
+
+INLINE void two_keys_store(float *s, int64_t lds, __m128i keep, __m256 v) {
+    _mm_maskstore_ps(s, keep, _mm256_castps256_ps128(v));
+    _mm_maskstore_ps(s + lds, keep, _mm256_extractf128_ps(v, 1));
+}
+
+/* softmax for a decode step's few rows (ukernels.h): two keys of (up to) four rows in each
+ * vector, so that the exp runs on 8 useful lanes rather than 4. The sum over the keys is
+ * formed in two partial sums (even and odd keys of the whole pairs), added, then the last key
+ * of an odd nk. */
+static int softmax_few_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                            float *alpha) {
+    const __m128i keep = _mm_cmpgt_epi32(_mm_set1_epi32((int)nr), _mm_setr_epi32(0, 1, 2, 3));
+    const __m256 rows = _mm256_castsi256_ps(_mm256_set_m128i(keep, keep));
+    const __m256 neg_inf = _mm256_set1_ps(-INFINITY), neg_zero = _mm256_set1_ps(-0.0f);
+    const __m128 m_old = _mm_maskload_ps(m, keep);
+    __m256 mc = neg_inf;
+    __m128 mt = m_old;
+    int64_t j = 0;
+    for (; j + 2 <= nk; j += 2)
+        mc = _mm256_max_ps(mc, two_keys(s + j * lds, lds));
+    for (; j < nk; j++)
+        mt = _mm_max_ps(mt, _mm_loadu_ps(s + j * lds));
+    /* a max is exact: softmax's m */
+    const __m128 mx =
+        _mm_max_ps(mt, _mm_max_ps(_mm256_castps256_ps128(mc), _mm256_extractf128_ps(mc, 1)));
+    /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
+    const __m128 u = _mm_blendv_ps(mx, _mm_setzero_ps(), _mm_cmpeq_ps(mx, _mm_set1_ps(-INFINITY)));
+    const __m256 u2 = _mm256_set_m128(u, u);
+    __m256 a = _mm256_set_m128(_mm_setzero_ps(), _mm_sub_ps(m_old, u));
+    exp256_n(1, &a);
+    __m256 hidden = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+    for (j = 0; j + 2 <= nk; j += 2) {
+        const __m256 x = two_keys(s + j * lds, lds);
+        const __m256 inf = _mm256_and_ps(_mm256_cmp_ps(x, neg_inf, _CMP_EQ_OQ), rows);
+        hidden = _mm256_or_ps(hidden, inf);
+        __m256 e = _mm256_sub_ps(x, u2);
+        exp256_n(1, &e);
+        const __m256 p = _mm256_blendv_ps(e, neg_zero, inf);
+        two_keys_store(s + j * lds, lds, keep, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    __m128 sum_t = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+    for (; j < nk; j++) {
+        const __m128 x = _mm_loadu_ps(s + j * lds);
+        const __m128 inf =
+            _mm_and_ps(_mm_cmpeq_ps(x, _mm_set1_ps(-INFINITY)), _mm_castsi128_ps(keep));
+        hidden = _mm256_or_ps(hidden, _mm256_set_m128(_mm_setzero_ps(), inf));
+        __m256 e = _mm256_set_m128(_mm_setzero_ps(), _mm_sub_ps(x, u));
+        exp256_n(1, &e);
+        const __m128 p = _mm_blendv_ps(_mm256_castps256_ps128(e), _mm_set1_ps(-0.0f), inf);
+        _mm_maskstore_ps(s + j * lds, keep, p);
+        sum_t = _mm_add_ps(sum_t, p);
+    }
+    const __m128 a4 = _mm256_castps256_ps128(a);
+    _mm_maskstore_ps(alpha, keep, a4);
+    _mm_maskstore_ps(l, keep, _mm_fmadd_ps(_mm_maskload_ps(l, keep), a4, sum_t));
+    _mm_maskstore_ps(m, keep, mx);
+    return _mm256_movemask_ps(hidden) != 0;
+}
+
 /* exp(s - u) for n vectors of one key's rows (see exp_lse_avx2), u one per lane, or with
  * `one` the single *u for all (exp_lse_rows). */
 INLINE void exp_lse_vectors(int n, int one, float *s, const float *u, __m256 *hidden) {
@@ -601,6 +667,7 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .qk_few_half = qk_few_half_avx2,
     .pv_few_half = pv_few_half_avx2,
     .softmax = softmax_avx2,
+    .softmax_few = softmax_few_avx2,
     .exp_lse = exp_lse_avx2,
     .exp_lse_rows = exp_lse_rows_avx2,
     .ds = ds_avx2,
