@@ -247,8 +247,8 @@ static void tile_rules(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int
         if (lse_at(pl, b, h, i) == -INFINITY) {
             for (int64_t jj = 0; jj < nk; jj++)
                 s_r[jj * js] = -INFINITY;
-            if (dsdx !=
-                NULL) /* read by the table's ds, whose result is -0.0 there whatever it is */
+            /* dsdx is read by the table's ds, whose result is -0.0 there whatever it is */
+            if (dsdx != NULL)
                 for (int64_t jj = 0; jj < nk; jj++)
                     dsdx[r * rs + jj * js] = 0.0f;
             continue;
