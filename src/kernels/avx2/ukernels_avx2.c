@@ -33,9 +33,11 @@
 
 /* How many keys ahead qk_few asks for K rows. A decode step does four FMAs per element of K
  * and V: too few for the out-of-order window alone to keep enough DRAM reads in flight
- * (measured: 23 GB/s without, 28-33 with, Hq=32 Hkv=8 D=128 Lk=32768, 2 threads, Zen 5). A
- * prefetch past the end of K never faults. */
-enum { FEW_PREFETCH_KEYS = 16 };
+ * (measured: 23 GB/s without, 28-33 with, Hq=32 Hkv=8 D=128 Lk=32768, 2 threads, Zen 5). Rows
+ * FEW_PREFETCH_KEYS ahead are asked into L2 (T1), rows FEW_NEAR_KEYS ahead from there into L1
+ * (T0), as in the AVX-512 table (Intel cores hold more reads in flight for L2 than L1's fill
+ * buffers allow). A prefetch past the end of K never faults. */
+enum { FEW_PREFETCH_KEYS = 16, FEW_NEAR_KEYS = 4 };
 
 /* e^x for n vectors at once, step by step across them, so that the polynomial's dependent
  * FMAs of one vector are separated by those of the others (one vector alone is a chain of
@@ -241,8 +243,10 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, in
     for (; d + 8 <= dk; d += 8) {
         __m256 kv[8];
         if (d % 16 == 0) /* once per 64-byte line */
-            for (int b = 0; b < nb; b++)
-                _mm_prefetch(elem_at(elem, k, (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T0);
+            for (int b = 0; b < nb; b++) {
+                _mm_prefetch(elem_at(elem, k, (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T1);
+                _mm_prefetch(elem_at(elem, k, (b + FEW_NEAR_KEYS) * ldk + d), _MM_HINT_T0);
+            }
         for (int b = 0; b < nb; b++)
             kv[b] = load8(elem, k, b * ldk + d);
         for (int r = 0; r < nr; r++) {
@@ -537,8 +541,8 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int masked, int pf, int c
     }
     for (int64_t j = 0; j < nk; j++) {
         __m256 vv[2];
-        if (pf) /* the same columns of the next slice's row j (see pv_avx2) */
-            _mm_prefetch(elem_at(elem, v, (j + nk) * ldv), _MM_HINT_T0);
+        if (pf) /* the same columns of the next slice's row j, into L2 (see pv_all) */
+            _mm_prefetch(elem_at(elem, v, (j + nk) * ldv), _MM_HINT_T1);
         for (int c = 0; c < nv; c++)
             vv[c] = masked && c == nv - 1 ? load8_tail(elem, v, j * ldv + 8 * c, last)
                                           : load8(elem, v, j * ldv + 8 * c);
