@@ -63,21 +63,22 @@ int main(int argc, char **argv) {
     for (long r = 0; r < reps; r++)
         for (long j = 0; j < nkeys; j += SLICE) {
             const char *kj = k + (size_t)j * D * es, *vj = v + (size_t)j * D * es;
+            /* the next slice's rows, which the kernels ask for ahead (the first at the end) */
+            const size_t jn = j + SLICE < nkeys ? (size_t)(j + SLICE) : 0;
+            const char *kn = k + jn * D * es, *vn = v + jn * D * es;
             const unsigned long long a = __rdtsc();
             if (half)
-                uk->qk_few_half(elem, SLICE, NR, D, kj, D, rows, 0.088f, s, 16);
+                uk->qk_few_half(elem, SLICE, NR, D, kj, D, kn, rows, 0.088f, s, 16);
             else
-                uk->qk_few(SLICE, NR, D, (const float *)kj, D, rows, 0.088f, s, 16);
+                uk->qk_few(SLICE, NR, D, (const float *)kj, D, (const float *)kn, rows, 0.088f, s,
+                           16);
             const unsigned long long b = __rdtsc();
             if (uk->softmax_few != NULL)
                 uk->softmax_few(SLICE, NR, s, 16, m, l, alpha);
             else
                 uk->softmax(SLICE, 16, s, 16, m, l, alpha);
             const unsigned long long c = __rdtsc();
-            if (half)
-                uk->pv_few_half(elem, SLICE, NR, D, s, 16, alpha, vj, D, o, D);
-            else
-                uk->pv(SLICE, NR, D, s, 16, alpha, (const float *)vj, D, o, D);
+            uk->pv_few(elem, SLICE, NR, D, s, 16, alpha, vj, D, vn, o, D);
             const unsigned long long d = __rdtsc();
             t_qk += (double)(b - a);
             t_sm += (double)(c - b);

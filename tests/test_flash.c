@@ -547,15 +547,17 @@ static void test_convert_rows(void) {
     free(hg);
 }
 
-/* The decode entries for a half-precision cache (qk_few_half, pv_few_half) read f16 and bf16
- * rows in place and give bitwise what qk_few and pv give on the same rows widened first, for
- * every row count they take (1..4), feature counts around the vector widths, key counts
- * around their blocks, and a row stride wider than the row. */
-static void test_few_half_entries(void) {
+/* The decode entries that read a cache in place (qk_few_half for f16 and bf16, pv_few for
+ * those and f32) give bitwise what qk_few and pv give on the same rows widened (or copied)
+ * first, for every row count they take (1..4), feature counts around the vector widths, key
+ * counts around their blocks, and a row stride wider than the row. The rows they may ask for
+ * ahead (k_next, v_next) are other rows of the same buffer: a request changes no result. */
+static void test_few_in_place_entries(void) {
     static const int64_t dims[] = {1, 7, 8, 9, 15, 16, 17, 33, 64, 127, 128, 129};
     enum { NK = 37, LD_PAD = 5, MAXD = 129 };
     const int64_t ld = MAXD + LD_PAD;
     uint16_t *h = malloc(NK * ld * sizeof *h);
+    float *f = malloc(NK * ld * sizeof *f); /* the f32 cache */
     float *wide = malloc(NK * ld * sizeof *wide), *q = malloc(4 * MAXD * sizeof *q);
     float *s_want = malloc(NK * 16 * sizeof *s_want), *s_got = malloc(NK * 16 * sizeof *s_got);
     float *p = malloc(NK * 16 * sizeof *p), *alpha = malloc(16 * sizeof *alpha);
@@ -565,8 +567,8 @@ static void test_few_half_entries(void) {
     const int n_impls = tu_impls(impls);
     for (int t = 0; t < n_impls; t++) {
         const sdpa__ukernels *uk = impls[t].impl->uk;
-        if (uk->qk_few_half == NULL && uk->pv_few_half == NULL) {
-            printf("    %-8s offers no half-precision decode entries\n", uk->name);
+        if (uk->qk_few_half == NULL && uk->pv_few == NULL) {
+            printf("    %-8s offers no in-place decode entries\n", uk->name);
             continue;
         }
         if (!impls[t].runs) {
@@ -574,7 +576,7 @@ static void test_few_half_entries(void) {
             continue;
         }
         int bad = 0, cases = 0;
-        for (int elem = SDPA__ELEM_F16; elem <= SDPA__ELEM_BF16; elem++)
+        for (int elem = SDPA__ELEM_F32; elem <= SDPA__ELEM_BF16; elem++)
             for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
                 for (int64_t nr = 1; nr <= SDPA__FEW_ROWS; nr++)
                     for (int64_t nk = 1; nk <= NK; nk += 6) {
@@ -586,20 +588,26 @@ static void test_few_half_entries(void) {
                             /* f16 from a value in its range; bf16 the top half */
                             h[n] = elem == SDPA__ELEM_BF16 ? (uint16_t)(u >> 16)
                                                            : (uint16_t)(0x3c00u ^ (u & 0x83ffu));
+                            f[n] = x;
                         }
+                        const void *cache = elem == SDPA__ELEM_F32 ? (const void *)f : h;
                         for (int64_t j = 0; j < nk; j++)
-                            sdpa__load_row_generic(elem, d, h + j * ld, 1, wide + j * d);
+                            sdpa__load_row_generic(
+                                elem, d,
+                                elem == SDPA__ELEM_F32 ? (const void *)(f + j * ld) : h + j * ld, 1,
+                                wide + j * d);
                         const float *rows[4];
                         for (int64_t r = 0; r < 4; r++) {
                             for (int64_t c = 0; c < d; c++)
                                 q[r * MAXD + c] = (float)tu_randn(&rng);
                             rows[r] = q + r * MAXD;
                         }
-                        if (uk->qk_few_half != NULL) {
+                        if (uk->qk_few_half != NULL && elem != SDPA__ELEM_F32) {
                             memset(s_want, 0, NK * 16 * sizeof *s_want);
                             memset(s_got, 0, NK * 16 * sizeof *s_got);
-                            uk->qk_few(nk, nr, d, wide, d, rows, 0.125f, s_want, 16);
-                            uk->qk_few_half(elem, nk, nr, d, h, ld, rows, 0.125f, s_got, 16);
+                            uk->qk_few(nk, nr, d, wide, d, wide, rows, 0.125f, s_want, 16);
+                            uk->qk_few_half(elem, nk, nr, d, h, ld, h + ld, rows, 0.125f, s_got,
+                                            16);
                             if (memcmp(s_want, s_got, (size_t)(nk * 16) * sizeof *s_got) != 0)
                                 CHECK_MSG(bad++ > 0,
                                           "[%s] qk_few_half elem %d d=%lld nr=%lld "
@@ -607,7 +615,7 @@ static void test_few_half_entries(void) {
                                           uk->name, elem, (long long)d, (long long)nr,
                                           (long long)nk);
                         }
-                        if (uk->pv_few_half != NULL) {
+                        if (uk->pv_few != NULL) {
                             for (int64_t n = 0; n < nk * 16; n++)
                                 p[n] = (float)tu_uniform(&rng);
                             for (int64_t r = 0; r < 16; r++)
@@ -615,21 +623,23 @@ static void test_few_half_entries(void) {
                             for (int64_t n = 0; n < 4 * MAXD; n++)
                                 o_want[n] = o_got[n] = (float)tu_randn(&rng);
                             uk->pv(nk, nr, d, p, 16, alpha, wide, d, o_want, MAXD);
-                            uk->pv_few_half(elem, nk, nr, d, p, 16, alpha, h, ld, o_got, MAXD);
+                            uk->pv_few(elem, nk, nr, d, p, 16, alpha, cache, ld, cache, o_got,
+                                       MAXD);
                             if (memcmp(o_want, o_got, 4 * MAXD * sizeof *o_got) != 0)
                                 CHECK_MSG(bad++ > 0,
-                                          "[%s] pv_few_half elem %d d=%lld nr=%lld "
+                                          "[%s] pv_few elem %d d=%lld nr=%lld "
                                           "nk=%lld differs from pv",
                                           uk->name, elem, (long long)d, (long long)nr,
                                           (long long)nk);
                         }
                         cases++;
                     }
-        printf("    %-8s qk_few_half, pv_few_half: %d cases, %s\n", uk->name, cases,
+        printf("    %-8s qk_few_half, pv_few: %d cases, %s\n", uk->name, cases,
                bad ? "DIFFER" : "bitwise equal to widening first");
         CHECK_INT_EQ(bad, 0);
     }
     free(h);
+    free(f);
     free(wide);
     free(q);
     free(s_want);
@@ -640,7 +650,7 @@ static void test_few_half_entries(void) {
     free(o_got);
 }
 
-CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_convert_rows), CASE(test_few_half_entries),
+CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_convert_rows), CASE(test_few_in_place_entries),
            CASE(test_tile_boundaries), CASE(test_few_rows), CASE(test_hidden_keys_bitwise),
            CASE(test_hidden_keys_few_rows), CASE(test_accumulator_overflow),
            CASE(test_score_overflow), CASE(test_nan_inside_tiles), CASE(test_thread_determinism))

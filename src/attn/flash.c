@@ -14,7 +14,7 @@
  * Decode (split-KV): a problem of few tasks -- one or a few query rows per (b, kv head) --
  * also cuts its keys into chunks (plan_split), each chunk a task that leaves a partial (O, LSE),
  * merged in chunk order by a second pass (merge.h). A half-precision cache is read in place
- * by the tables' qk_few_half and pv_few_half there; elsewhere K and V tiles are widened.
+ * by the tables' qk_few_half and pv_few there; elsewhere K and V tiles are widened.
  *
  * KV caches (sdpa_forward_kv): each task works on its sequence's own problem (sdpa__seq: its
  * lengths and causal offset); rows past the sequence's queries are written as fully masked;
@@ -72,7 +72,7 @@ typedef struct flash_plan {
     int k_direct;           /* K is f32 with unit feature stride: read in place */
     int v_direct;           /* likewise V */
     int k_half, v_half;     /* K (V) is f16 or bf16 with unit feature stride: few-row tasks
-                             * read it in place (qk_few_half, pv_few_half) */
+                             * read it in place (qk_few_half, pv_few) */
     int needs_post;         /* softcap, ALiBi or a mask: every tile is post-processed */
     int dropout;            /* the problem drops weights (philox.h) */
     float keep_scale;       /* 1 / (1 - p): a kept weight's factor */
@@ -386,18 +386,20 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         const int few = uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
                         r1pad - r0 == uk->lanes;
         const int k_half = few && pl->k_half && uk->qk_few_half != NULL;
-        const int v_half = few && pl->v_half && uk->pv_few_half != NULL;
+        const int v_few = few && (pl->v_direct || pl->v_half) && uk->pv_few != NULL;
+        /* the next slice's first key, whose rows the kernels ask for ahead (the next page's
+         * in a paged cache); the chunk's last slice names its own */
+        const int64_t jn = js + nk < sl.jhi ? js + nk : js;
         int64_t ldk, ldv;
         /* A paged cache gets no requests from here: a slice's rows asked for in one burst
          * (its V, the next page's K) stalled the loop on the fill buffers, and the step over 8
          * sequences in pages of 64 took 1.8x the time of the same cache read contiguously,
          * 1.4x without them (f16, Hq=32 Hkv=8 D=128, AVX-512, an Intel Xeon). */
         if (rows <= SDPA__FEW_ROWS && p->block_table == NULL) {
-            /* V's rows of the slice, unless the previous slice's P V asked for them already
-             * (pv_few_prefetch: V read in place). Asking twice cost 4-9 % at Lq=1 Hq=32
-             * Hkv=8 Lk=32768 D=128 on an Intel Xeon. */
-            const int v_place = (pl->v_direct || v_half) && uk->pv_few_prefetch;
-            if (!v_place || js == v_first)
+            /* V's rows of the slice, unless the previous slice's pv_few asked for them
+             * already. Asking twice cost 4-9 % at Lq=1 Hq=32 Hkv=8 Lk=32768 D=128 on an Intel
+             * Xeon. */
+            if (!v_few || js == v_first)
                 prefetch_rows(p, &p->v, b, hk, js, nk, p->Dv);
             /* K widened into kpack is read there, where qk_few's own requests ahead do
              * not land: the next slice's K rows are asked for here instead */
@@ -407,12 +409,16 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         }
         if (k_half) {
             uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),
-                            p->k.stride[2], tr.q_row + r0, (float)p->scale, s0, rp);
+                            p->k.stride[2], kv_row(p, &p->k, b, hk, jn), tr.q_row + r0,
+                            (float)p->scale, s0, rp);
         } else {
             const float *kt =
                 tile_rows(uk, p, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
+            /* (a K widened into kpack has its next rows asked for above) */
+            const float *k_next = pl->k_direct ? (const float *)kv_row(p, &p->k, b, hk, jn) : kt;
             if (few)
-                uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, tr.q_row + r0, (float)p->scale, s0, rp);
+                uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, k_next, tr.q_row + r0, (float)p->scale,
+                           s0, rp);
             else
                 uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
         }
@@ -424,18 +430,20 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         if (pl->dropout)
             drop_weights(pl, b, &tr, r0, r1use, js, nk, s);
         float *o0 = o + r0 * pl->dvp;
-        if (v_half && !hidden) { /* (a hidden key's NaN is kept out by the path below) */
-            uk->pv_few_half((int)p->v.dtype, nk, r1use - r0, p->Dv, s0, rp, alpha + r0,
-                            kv_row(p, &p->v, b, hk, js), p->v.stride[2], o0, pl->dvp);
-            continue;
-        }
-        const float *vt =
-            tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
+        /* V as f32 rows where pv_few cannot read it in place, or to look for a NaN or an Inf
+         * that a hidden key's zero weight must keep out */
+        const float *vt = v_few && !hidden ? NULL
+                                           : tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk,
+                                                       p->Dv, tr.vpack, &ldv);
         if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
             uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
             sdpa__nan_of_visible_zeros(nk, r1use - r0, p->Dv, s0, s0, rp, 1, vt, ldv, o0, pl->dvp);
-        } else
+        } else if (v_few)
+            uk->pv_few((int)p->v.dtype, nk, r1use - r0, p->Dv, s0, rp, alpha + r0,
+                       kv_row(p, &p->v, b, hk, js), p->v.stride[2], kv_row(p, &p->v, b, hk, jn), o0,
+                       pl->dvp);
+        else
             uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
     }
 

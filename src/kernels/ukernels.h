@@ -40,18 +40,29 @@ typedef struct sdpa__ukernels {
     /* Optional (NULL: not offered), for a decode step's few query rows: the scores of nr <= 4
      * rows given row-major (q_rows[r][d]), as qk computes them, into lanes [0, nr) of one
      * vector of lanes per key; lanes [nr, lanes) are set to 0. Where qk would spend a whole
-     * vector of FMAs per key and feature on 4 useful lanes, this runs along the features. */
+     * vector of FMAs per key and feature on 4 useful lanes, this runs along the features.
+     * k_next: where the rows after these continue (the next slice's first row, with the same
+     * stride ldk): a table may ask for rows there ahead of use; it never reads them, and a
+     * prefetch never faults, so any address will do (k + nk * ldk for a contiguous cache, the
+     * next page's row for a paged one). */
     void (*qk_few)(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
-                   const float *const *q_rows, float scale, float *s, int64_t lds);
-    /* Optional (NULL: not offered), the decode step's entries for a half-precision cache:
-     * qk_few and pv (for nr <= SDPA__FEW_ROWS) with the keys' or values' rows stored as elem
-     * (SDPA__ELEM_F16 or SDPA__ELEM_BF16; unit feature stride, row stride ldk / ldv in
-     * elements) and widened as they are loaded, bitwise what qk_few and pv give on those rows
-     * widened first by load_row: no pass through a packed f32 tile. */
+                   const float *k_next, const float *const *q_rows, float scale, float *s,
+                   int64_t lds);
+    /* Optional (NULL: not offered), qk_few with the keys' rows stored as elem (SDPA__ELEM_F16
+     * or SDPA__ELEM_BF16; unit feature stride, row stride ldk in elements), widened as they
+     * are loaded: bitwise what qk_few gives on those rows widened first by load_row, with no
+     * pass through a packed f32 tile. */
     void (*qk_few_half)(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
-                        const float *const *q_rows, float scale, float *s, int64_t lds);
-    void (*pv_few_half)(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
-                        const float *alpha, const void *v, int64_t ldv, float *o, int64_t ldo);
+                        const void *k_next, const float *const *q_rows, float scale, float *s,
+                        int64_t lds);
+    /* Optional (NULL: not offered), pv for a decode step's nr <= SDPA__FEW_ROWS rows with V's
+     * rows stored as elem (any enum sdpa__elem; unit feature stride, row stride ldv in
+     * elements) and read in place, bitwise what pv gives on those rows widened first by
+     * load_row; as it passes over rows [0, nk) it asks for the rows [0, nk) at v_next (the
+     * next slice's, as qk_few's k_next), so the driver need not. */
+    void (*pv_few)(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                   const float *alpha, const void *v, int64_t ldv, const void *v_next, float *o,
+                   int64_t ldo);
     /* The online-softmax step for nk keys, for every row r < nr:
      *   m' = max(m[r], max_j s[j][r]);  u = (m' == -inf ? 0 : m')
      *   alpha[r] = exp(m[r] - u);  s[j][r] = (s == -inf ? -0.0f : exp(s - u))
@@ -95,11 +106,6 @@ typedef struct sdpa__ukernels {
      * dQ += dS K straight from its row-major dS, with no transposing pass. */
     void (*pv_t)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                  const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo);
-    /* Nonzero when pv and pv_few_half, given nr <= SDPA__FEW_ROWS rows, ask for V's rows
-     * [nk, 2 nk) to be brought into the cache as they pass over rows [0, nk): the next slice
-     * of a cache read in place, whose rows follow this one's (pv_careful need not). The
-     * driver then asks for a slice's V rows itself only where that cannot have happened. */
-    int pv_few_prefetch;
     /* pv for a slice where the softmax hid some key and whose V holds a NaN or an Inf: a zero
      * weight (a hidden key's -0.0) adds nothing, whatever its v row holds, and every result
      * is otherwise bitwise what pv gives when those rows are finite (the same operations in

@@ -218,6 +218,13 @@ INLINE const char *elem_at(int elem, const void *base, int64_t i) {
     return (const char *)base + i * (elem == SDPA__ELEM_F32 ? 4 : 2);
 }
 
+/* Where row i of a slice of nk rows (stride ld elements) starts, for a request ahead: the rows
+ * past the slice's continue at `next` (ukernels.h). */
+INLINE const char *row_ahead(int elem, const void *base, const void *next, int64_t nk, int64_t i,
+                             int64_t ld) {
+    return i < nk ? elem_at(elem, base, i * ld) : elem_at(elem, next, (i - nk) * ld);
+}
+
 /* Sums of four vectors: [sum a0, sum a1, sum a2, sum a3]. */
 INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     /* pairs, then quads, within each 128-bit half ... */
@@ -232,9 +239,11 @@ INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 
 /* qk_few for nr rows and a block of nb keys: 8 features at a time along each key row, then
  * each key's vector of lanes [0, nr) from the row sums (nr * nb <= 12 accumulators). The
- * keys' elements are of type elem (the cache's: widened in registers). */
+ * keys' elements are of type elem (the cache's: widened in registers). far and near: the
+ * rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS keys ahead of the block's first. */
 INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, int64_t ldk,
-                         const float *const *q, float scale, float *s, int64_t lds) {
+                         const char *far, const char *near, const float *const *q, float scale,
+                         float *s, int64_t lds) {
     __m256 acc[4][8];
     for (int r = 0; r < 4; r++)
         for (int b = 0; b < nb; b++)
@@ -244,8 +253,8 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, in
         __m256 kv[8];
         if (d % 16 == 0) /* once per 64-byte line */
             for (int b = 0; b < nb; b++) {
-                _mm_prefetch(elem_at(elem, k, (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T1);
-                _mm_prefetch(elem_at(elem, k, (b + FEW_NEAR_KEYS) * ldk + d), _MM_HINT_T0);
+                _mm_prefetch(elem_at(elem, far, b * ldk + d), _MM_HINT_T1);
+                _mm_prefetch(elem_at(elem, near, b * ldk + d), _MM_HINT_T0);
             }
         for (int b = 0; b < nb; b++)
             kv[b] = load8(elem, k, b * ldk + d);
@@ -278,44 +287,53 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, in
 
 /* All keys for nr rows, nb keys at a time, then the rest one key at a time. */
 INLINE void qk_few_rows(int elem, int nr, int nb, int64_t nk, int64_t dk, const void *k,
-                        int64_t ldk, const float *const *q, float scale, float *s, int64_t lds) {
+                        int64_t ldk, const void *next, const float *const *q, float scale, float *s,
+                        int64_t lds) {
     int64_t j = 0;
     for (; j + nb <= nk; j += nb)
-        qk_few_block(elem, nr, nb, dk, elem_at(elem, k, j * ldk), ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, nb, dk, elem_at(elem, k, j * ldk), ldk,
+                     row_ahead(elem, k, next, nk, j + FEW_PREFETCH_KEYS, ldk),
+                     row_ahead(elem, k, next, nk, j + FEW_NEAR_KEYS, ldk), q, scale, s + j * lds,
+                     lds);
     for (; j < nk; j++)
-        qk_few_block(elem, nr, 1, dk, elem_at(elem, k, j * ldk), ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 1, dk, elem_at(elem, k, j * ldk), ldk,
+                     row_ahead(elem, k, next, nk, j + FEW_PREFETCH_KEYS, ldk),
+                     row_ahead(elem, k, next, nk, j + FEW_NEAR_KEYS, ldk), q, scale, s + j * lds,
+                     lds);
 }
 
 INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
-                        const float *const *q_rows, float scale, float *s, int64_t lds) {
+                        const void *next, const float *const *q_rows, float scale, float *s,
+                        int64_t lds) {
     switch (nr) {
     case 1:
-        qk_few_rows(elem, 1, 8, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 1, 8, nk, dk, k, ldk, next, q_rows, scale, s, lds);
         break;
     case 2:
-        qk_few_rows(elem, 2, 6, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 2, 6, nk, dk, k, ldk, next, q_rows, scale, s, lds);
         break;
     case 3:
-        qk_few_rows(elem, 3, 4, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 3, 4, nk, dk, k, ldk, next, q_rows, scale, s, lds);
         break;
     default:
-        qk_few_rows(elem, 4, 3, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 4, 3, nk, dk, k, ldk, next, q_rows, scale, s, lds);
         break;
     }
 }
 
 static void qk_few_avx2(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
-                        const float *const *q_rows, float scale, float *s, int64_t lds) {
-    qk_few_elem(SDPA__ELEM_F32, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+                        const float *k_next, const float *const *q_rows, float scale, float *s,
+                        int64_t lds) {
+    qk_few_elem(SDPA__ELEM_F32, nk, nr, dk, k, ldk, k_next, q_rows, scale, s, lds);
 }
 
 static void qk_few_half_avx2(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k,
-                             int64_t ldk, const float *const *q_rows, float scale, float *s,
-                             int64_t lds) {
+                             int64_t ldk, const void *k_next, const float *const *q_rows,
+                             float scale, float *s, int64_t lds) {
     if (elem == SDPA__ELEM_F16)
-        qk_few_elem(SDPA__ELEM_F16, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_elem(SDPA__ELEM_F16, nk, nr, dk, k, ldk, k_next, q_rows, scale, s, lds);
     else
-        qk_few_elem(SDPA__ELEM_BF16, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_elem(SDPA__ELEM_BF16, nk, nr, dk, k, ldk, k_next, q_rows, scale, s, lds);
 }
 
 /* The second pass of the softmax over n keys of one vector of rows: weights, hidden marks
@@ -528,10 +546,11 @@ INLINE void store_cols(int masked, __m256i last, float *x, __m256 y) {
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
  * of columns; with `masked`, the last vector is limited to the lanes of `last`. With `tr` the
- * weights are stored transposed, p[a][j] (pv_t). */
-INLINE void pv_block(int tr, int elem, int mr, int nv, int masked, int pf, int careful,
-                     __m256i last, int64_t nk, const float *p, int64_t ldp, const float *alpha,
-                     const void *v, int64_t ldv, float *o, int64_t ldo) {
+ * weights are stored transposed, p[a][j] (pv_t). Unless vn is NULL, the same columns of the
+ * rows at vn (the next slice's) are asked into L2 as these are read (see pv_all). */
+INLINE void pv_block(int tr, int elem, int mr, int nv, int masked, int careful, __m256i last,
+                     int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
+                     int64_t ldv, const void *vn, float *o, int64_t ldo) {
     __m256 acc[6][2];
     for (int a = 0; a < mr; a++) {
         const __m256 al = _mm256_broadcast_ss(alpha + a);
@@ -541,8 +560,8 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int masked, int pf, int c
     }
     for (int64_t j = 0; j < nk; j++) {
         __m256 vv[2];
-        if (pf) /* the same columns of the next slice's row j, into L2 (see pv_all) */
-            _mm_prefetch(elem_at(elem, v, (j + nk) * ldv), _MM_HINT_T1);
+        if (vn != NULL)
+            _mm_prefetch(elem_at(elem, vn, j * ldv), _MM_HINT_T1);
         for (int c = 0; c < nv; c++)
             vv[c] = masked && c == nv - 1 ? load8_tail(elem, v, j * ldv + 8 * c, last)
                                           : load8(elem, v, j * ldv + 8 * c);
@@ -563,62 +582,62 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int masked, int pf, int c
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int tr, int elem, int64_t n, int nv, int masked, int pf, int careful,
-                    __m256i last, int64_t nk, const float *p, int64_t ldp, const float *alpha,
-                    const void *v, int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_tail(int tr, int elem, int64_t n, int nv, int masked, int careful, __m256i last,
+                    int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
+                    int64_t ldv, const void *vn, float *o, int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(tr, elem, 1, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 1, nv, masked, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     case 2:
-        pv_block(tr, elem, 2, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 2, nv, masked, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     case 3:
-        pv_block(tr, elem, 3, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 3, nv, masked, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     case 4:
-        pv_block(tr, elem, 4, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 4, nv, masked, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     case 5:
-        if (elem == SDPA__ELEM_F32) /* pv_few_half takes at most SDPA__FEW_ROWS rows */
-            pv_block(tr, elem, 5, nv, masked, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        if (elem == SDPA__ELEM_F32) /* a half type comes from pv_few: at most 4 rows */
+            pv_block(tr, elem, 5, nv, masked, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     default:
         break;
     }
 }
 
-INLINE void pv_cols(int tr, int elem, int nv, int masked, int pf, int careful, __m256i last,
-                    int64_t nk, int64_t nr, const float *p, int64_t ldp, const float *alpha,
-                    const void *v, int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_cols(int tr, int elem, int nv, int masked, int careful, __m256i last, int64_t nk,
+                    int64_t nr, const float *p, int64_t ldp, const float *alpha, const void *v,
+                    int64_t ldv, const void *vn, float *o, int64_t ldo) {
     int64_t r = 0;
     if (elem == SDPA__ELEM_F32)
         for (; r + 6 <= nr; r += 6)
-            pv_block(tr, elem, 6, nv, masked, pf, careful, last, nk, tr ? p + r * ldp : p + r, ldp,
-                     alpha + r, v, ldv, o + r * ldo, ldo);
-    pv_tail(tr, elem, nr - r, nv, masked, pf, careful, last, nk, tr ? p + r * ldp : p + r, ldp,
-            alpha + r, v, ldv, o + r * ldo, ldo);
+            pv_block(tr, elem, 6, nv, masked, careful, last, nk, tr ? p + r * ldp : p + r, ldp,
+                     alpha + r, v, ldv, vn, o + r * ldo, ldo);
+    pv_tail(tr, elem, nr - r, nv, masked, careful, last, nk, tr ? p + r * ldp : p + r, ldp,
+            alpha + r, v, ldv, vn, o + r * ldo, ldo);
 }
 
-/* P V over the columns in blocks of 16, each block a pass over the keys. With `pf` (a decode
- * step's few rows), each pass also requests its 64 bytes of the next slice's rows, which
- * follow these in V when V is read in place, so the next slice's V is asked for spread over
- * this one's work rather than in a burst that would stall the loads behind it (a prefetch
- * past the end of V never faults). */
-INLINE void pv_all(int tr, int elem, int pf, int careful, int64_t nk, int64_t nr, int64_t dv,
+/* P V over the columns in blocks of 16, each block a pass over the keys. Unless vn is NULL
+ * (pv_few: a decode step's few rows), each pass also requests its 64 bytes of the rows at vn,
+ * the next slice's, into L2 (as qk_few's K: FEW_PREFETCH_KEYS), so the next slice's V is asked
+ * for spread over this one's work rather than in a burst that would stall the loads behind it
+ * (a prefetch never faults). */
+INLINE void pv_all(int tr, int elem, int careful, int64_t nk, int64_t nr, int64_t dv,
                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
-                   float *o, int64_t ldo) {
+                   const void *vn, float *o, int64_t ldo) {
     const __m256i none = _mm256_setzero_si256();
     int64_t c = 0;
     for (; c + 16 <= dv; c += 16)
-        pv_cols(tr, elem, 2, 0, pf, careful, none, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
-                o + c, ldo);
+        pv_cols(tr, elem, 2, 0, careful, none, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
+                vn != NULL ? elem_at(elem, vn, c) : NULL, o + c, ldo);
     const int64_t rest = dv - c;
-    const void *vc = elem_at(elem, v, c);
+    const void *vc = elem_at(elem, v, c), *vnc = vn != NULL ? elem_at(elem, vn, c) : NULL;
     if (rest == 0)
         return;
     if (rest == 8) {
-        pv_cols(tr, elem, 1, 0, pf, careful, none, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 1, 0, careful, none, nk, nr, p, ldp, alpha, vc, ldv, vnc, o + c, ldo);
         return;
     }
     /* lanes below rest % 8 (or all 8) of the last vector */
@@ -626,40 +645,40 @@ INLINE void pv_all(int tr, int elem, int pf, int careful, int64_t nk, int64_t nr
     const __m256i last =
         _mm256_cmpgt_epi32(_mm256_set1_epi32(keep), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     if (rest > 8)
-        pv_cols(tr, elem, 2, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 2, 1, careful, last, nk, nr, p, ldp, alpha, vc, ldv, vnc, o + c, ldo);
     else
-        pv_cols(tr, elem, 1, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 1, 1, careful, last, nk, nr, p, ldp, alpha, vc, ldv, vnc, o + c, ldo);
 }
 
 static void pv_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                     const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    if (nr <= SDPA__FEW_ROWS)
-        pv_all(0, SDPA__ELEM_F32, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
-    else
-        pv_all(0, SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(0, SDPA__ELEM_F32, 0, nk, nr, dv, p, ldp, alpha, v, ldv, NULL, o, ldo);
 }
 
 /* pv with the weights transposed (ukernels.h): the same blocks and order as pv_avx2. */
 static void pv_t_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    pv_all(1, SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(1, SDPA__ELEM_F32, 0, nk, nr, dv, p, ldp, alpha, v, ldv, NULL, o, ldo);
 }
 
-/* The same blocks and order as pv_avx2 (prefetching changes no result). */
+/* The same blocks and order as pv_avx2. */
 static void pv_careful_avx2(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                             const float *alpha, const float *v, int64_t ldv, float *o,
                             int64_t ldo) {
-    pv_all(0, SDPA__ELEM_F32, 0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(0, SDPA__ELEM_F32, 1, nk, nr, dv, p, ldp, alpha, v, ldv, NULL, o, ldo);
 }
 
-/* pv_avx2 for a decode step's few rows with V's rows in f16 or bf16, widened as loaded. */
-static void pv_few_half_avx2(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p,
-                             int64_t ldp, const float *alpha, const void *v, int64_t ldv, float *o,
-                             int64_t ldo) {
-    if (elem == SDPA__ELEM_F16)
-        pv_all(0, SDPA__ELEM_F16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+/* pv_avx2 for a decode step's few rows, V's rows in f32, f16 or bf16 (widened as loaded), with
+ * the next slice's rows asked for (prefetching changes no result). */
+static void pv_few_avx2(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                        const float *alpha, const void *v, int64_t ldv, const void *v_next,
+                        float *o, int64_t ldo) {
+    if (elem == SDPA__ELEM_F32)
+        pv_all(0, SDPA__ELEM_F32, 0, nk, nr, dv, p, ldp, alpha, v, ldv, v_next, o, ldo);
+    else if (elem == SDPA__ELEM_F16)
+        pv_all(0, SDPA__ELEM_F16, 0, nk, nr, dv, p, ldp, alpha, v, ldv, v_next, o, ldo);
     else
-        pv_all(0, SDPA__ELEM_BF16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_BF16, 0, nk, nr, dv, p, ldp, alpha, v, ldv, v_next, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx2 = {
@@ -669,7 +688,7 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .qk = qk_avx2,
     .qk_few = qk_few_avx2,
     .qk_few_half = qk_few_half_avx2,
-    .pv_few_half = pv_few_half_avx2,
+    .pv_few = pv_few_avx2,
     .softmax = softmax_avx2,
     .softmax_few = softmax_few_avx2,
     .exp_lse = exp_lse_avx2,
@@ -677,7 +696,6 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .ds = ds_avx2,
     .pv = pv_avx2,
     .pv_t = pv_t_avx2,
-    .pv_few_prefetch = 1,
     .pv_careful = pv_careful_avx2,
     .load_row = sdpa__load_row_avx2,
     .store_row = sdpa__store_row_avx2,

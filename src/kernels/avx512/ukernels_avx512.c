@@ -72,6 +72,13 @@ INLINE const char *elem_at(int elem, const void *base, int64_t i) {
     return (const char *)base + i * (elem == SDPA__ELEM_F32 ? 4 : 2);
 }
 
+/* Where row i of a slice of nk rows (stride ld elements) starts, for a request ahead: the rows
+ * past the slice's continue at `next` (ukernels.h). */
+INLINE const char *row_ahead(int elem, const void *base, const void *next, int64_t nk, int64_t i,
+                             int64_t ld) {
+    return i < nk ? elem_at(elem, base, i * ld) : elem_at(elem, next, (i - nk) * ld);
+}
+
 /* pack_q: 16 rows x 16 features at a time, transposed in registers. After unpacking pairs of
  * floats and of doubles, 128-bit lane k of u[4g + m] holds feature 4k + m of rows 4g..4g+3;
  * two rounds of lane shuffles gather those four pieces into feature 4k + m of rows 0..15. */
@@ -224,14 +231,16 @@ INLINE __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm512_castps512_ps128(u);
 }
 
-/* One vector of features (from d; lanes dm when `masked`) of qk_few_block's products. */
+/* One vector of features (from d; lanes dm when `masked`) of qk_few_block's products; far and
+ * near: the rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS keys ahead of the block's first. */
 INLINE void qk_few_step(int elem, int masked, __mmask16 dm, int nr, int nb, const void *k,
-                        int64_t ldk, const float *const *q, int64_t d, __m512 acc[4][4]) {
+                        int64_t ldk, const char *far, const char *near, const float *const *q,
+                        int64_t d, __m512 acc[4][4]) {
     __m512 kv[4];
     if (elem == SDPA__ELEM_F32 || d % 32 == 0) /* once per 64-byte line */
         for (int b = 0; b < nb; b++) {
-            _mm_prefetch(elem_at(elem, k, (b + FEW_PREFETCH_KEYS) * ldk + d), _MM_HINT_T1);
-            _mm_prefetch(elem_at(elem, k, (b + FEW_NEAR_KEYS) * ldk + d), _MM_HINT_T0);
+            _mm_prefetch(elem_at(elem, far, b * ldk + d), _MM_HINT_T1);
+            _mm_prefetch(elem_at(elem, near, b * ldk + d), _MM_HINT_T0);
         }
     for (int b = 0; b < nb; b++)
         kv[b] = masked ? load_elems(elem, k, b * ldk + d, dm) : load_full(elem, k, b * ldk + d);
@@ -245,7 +254,8 @@ INLINE void qk_few_step(int elem, int masked, __mmask16 dm, int nr, int nb, cons
 /* qk_few for nr rows and a block of nb <= 4 keys: 16 features at a time along each key row,
  * the keys' elements of type elem (the cache's: widened in registers). */
 INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, int64_t ldk,
-                         const float *const *q, float scale, float *s, int64_t lds) {
+                         const char *far, const char *near, const float *const *q, float scale,
+                         float *s, int64_t lds) {
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int b = 0; b < 4; b++)
@@ -254,9 +264,10 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, in
      * the ports the FMAs use: a fifth of qk_few's time at D = 128), then the masked tail */
     int64_t d = 0;
     for (; d + 16 <= dk; d += 16)
-        qk_few_step(elem, 0, 0xffff, nr, nb, k, ldk, q, d, acc);
+        qk_few_step(elem, 0, 0xffff, nr, nb, k, ldk, far, near, q, d, acc);
     if (d < dk)
-        qk_few_step(elem, 1, (__mmask16)((1u << (dk - d)) - 1u), nr, nb, k, ldk, q, d, acc);
+        qk_few_step(elem, 1, (__mmask16)((1u << (dk - d)) - 1u), nr, nb, k, ldk, far, near, q, d,
+                    acc);
     /* row r's sums for the nb keys, then one vector of lanes per key: lanes [0, nr) */
     __m128 row[4];
     for (int r = 0; r < 4; r++)
@@ -272,20 +283,26 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, in
 }
 
 INLINE void qk_few_rows(int elem, int nr, int64_t nk, int64_t dk, const void *k, int64_t ldk,
-                        const float *const *q, float scale, float *s, int64_t lds) {
+                        const void *next, const float *const *q, float scale, float *s,
+                        int64_t lds) {
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4)
-        qk_few_block(elem, nr, 4, dk, elem_at(elem, k, j * ldk), ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 4, dk, elem_at(elem, k, j * ldk), ldk,
+                     row_ahead(elem, k, next, nk, j + FEW_PREFETCH_KEYS, ldk),
+                     row_ahead(elem, k, next, nk, j + FEW_NEAR_KEYS, ldk), q, scale, s + j * lds,
+                     lds);
     const void *kj = elem_at(elem, k, j * ldk);
+    const char *far = row_ahead(elem, k, next, nk, j + FEW_PREFETCH_KEYS, ldk);
+    const char *near = row_ahead(elem, k, next, nk, j + FEW_NEAR_KEYS, ldk);
     switch (nk - j) {
     case 3:
-        qk_few_block(elem, nr, 3, dk, kj, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 3, dk, kj, ldk, far, near, q, scale, s + j * lds, lds);
         break;
     case 2:
-        qk_few_block(elem, nr, 2, dk, kj, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 2, dk, kj, ldk, far, near, q, scale, s + j * lds, lds);
         break;
     case 1:
-        qk_few_block(elem, nr, 1, dk, kj, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 1, dk, kj, ldk, far, near, q, scale, s + j * lds, lds);
         break;
     default:
         break;
@@ -293,35 +310,37 @@ INLINE void qk_few_rows(int elem, int nr, int64_t nk, int64_t dk, const void *k,
 }
 
 INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
-                        const float *const *q_rows, float scale, float *s, int64_t lds) {
+                        const void *next, const float *const *q_rows, float scale, float *s,
+                        int64_t lds) {
     switch (nr) {
     case 1:
-        qk_few_rows(elem, 1, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 1, nk, dk, k, ldk, next, q_rows, scale, s, lds);
         break;
     case 2:
-        qk_few_rows(elem, 2, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 2, nk, dk, k, ldk, next, q_rows, scale, s, lds);
         break;
     case 3:
-        qk_few_rows(elem, 3, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 3, nk, dk, k, ldk, next, q_rows, scale, s, lds);
         break;
     default:
-        qk_few_rows(elem, 4, nk, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_rows(elem, 4, nk, dk, k, ldk, next, q_rows, scale, s, lds);
         break;
     }
 }
 
 static void qk_few_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
-                          const float *const *q_rows, float scale, float *s, int64_t lds) {
-    qk_few_elem(SDPA__ELEM_F32, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+                          const float *k_next, const float *const *q_rows, float scale, float *s,
+                          int64_t lds) {
+    qk_few_elem(SDPA__ELEM_F32, nk, nr, dk, k, ldk, k_next, q_rows, scale, s, lds);
 }
 
 static void qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k,
-                               int64_t ldk, const float *const *q_rows, float scale, float *s,
-                               int64_t lds) {
+                               int64_t ldk, const void *k_next, const float *const *q_rows,
+                               float scale, float *s, int64_t lds) {
     if (elem == SDPA__ELEM_F16)
-        qk_few_elem(SDPA__ELEM_F16, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_elem(SDPA__ELEM_F16, nk, nr, dk, k, ldk, k_next, q_rows, scale, s, lds);
     else
-        qk_few_elem(SDPA__ELEM_BF16, nk, nr, dk, k, ldk, q_rows, scale, s, lds);
+        qk_few_elem(SDPA__ELEM_BF16, nk, nr, dk, k, ldk, k_next, q_rows, scale, s, lds);
 }
 
 static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
@@ -502,10 +521,11 @@ static void ds_avx512(int64_t nr, int64_t n, float *dp, int64_t ld, const float 
 
 /* o[a][cols] = alpha[a] o[a][cols] + sum_j p[j][a] v[j][cols] for a < mr rows and nv vectors
  * of columns starting at o and v; the last vector is limited by `last` (a lane mask). With
- * `tr` the weights are stored transposed, p[a][j] (pv_t). */
-INLINE void pv_block(int tr, int elem, int mr, int nv, int pf, int careful, __mmask16 last,
-                     int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
-                     int64_t ldv, float *o, int64_t ldo) {
+ * `tr` the weights are stored transposed, p[a][j] (pv_t). Unless vn is NULL, the same columns
+ * of the rows at vn (the next slice's) are asked into L2 as these are read (see pv_all). */
+INLINE void pv_block(int tr, int elem, int mr, int nv, int careful, __mmask16 last, int64_t nk,
+                     const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
+                     const void *vn, float *o, int64_t ldo) {
     __m512 acc[12][4];
     for (int a = 0; a < mr; a++) {
         const __m512 al = _mm512_set1_ps(alpha[a]);
@@ -515,10 +535,10 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int pf, int careful, __mm
     }
     for (int64_t j = 0; j < nk; j++) {
         __m512 vv[4];
-        if (pf) /* the same columns of the next slice's row j, into L2 (see pv_all) */
+        if (vn != NULL)
             for (int c = 0; c < nv; c++)
                 if (elem == SDPA__ELEM_F32 || c % 2 == 0) /* once per 64-byte line */
-                    _mm_prefetch(elem_at(elem, v, (j + nk) * ldv + 16 * c), _MM_HINT_T1);
+                    _mm_prefetch(elem_at(elem, vn, j * ldv + 16 * c), _MM_HINT_T1);
         for (int c = 0; c < nv; c++)
             vv[c] = load_elems(elem, v, j * ldv + 16 * c, c == nv - 1 ? last : 0xffff);
         for (int a = 0; a < mr; a++) {
@@ -541,25 +561,25 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int pf, int careful, __mm
 }
 
 /* n < 6 rows in one block (see qk_tail). */
-INLINE void pv_tail(int tr, int elem, int64_t n, int nv, int pf, int careful, __mmask16 last,
-                    int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
-                    int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_tail(int tr, int elem, int64_t n, int nv, int careful, __mmask16 last, int64_t nk,
+                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
+                    const void *vn, float *o, int64_t ldo) {
     switch (n) {
     case 1:
-        pv_block(tr, elem, 1, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 1, nv, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     case 2:
-        pv_block(tr, elem, 2, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 2, nv, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     case 3:
-        pv_block(tr, elem, 3, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 3, nv, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     case 4:
-        pv_block(tr, elem, 4, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        pv_block(tr, elem, 4, nv, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     case 5:
-        if (elem == SDPA__ELEM_F32) /* pv_few_half takes at most SDPA__FEW_ROWS rows */
-            pv_block(tr, elem, 5, nv, pf, careful, last, nk, p, ldp, alpha, v, ldv, o, ldo);
+        if (elem == SDPA__ELEM_F32) /* a half type comes from pv_few: at most 4 rows */
+            pv_block(tr, elem, 5, nv, careful, last, nk, p, ldp, alpha, v, ldv, vn, o, ldo);
         break;
     default:
         break;
@@ -567,80 +587,79 @@ INLINE void pv_tail(int tr, int elem, int64_t n, int nv, int pf, int careful, __
 }
 
 /* All rows for nv vectors of columns: 6 rows at a time, then the row tail in one block. */
-INLINE void pv_cols(int tr, int elem, int nv, int pf, int careful, __mmask16 last, int64_t nk,
-                    int64_t nr, const float *p, int64_t ldp, const float *alpha, const void *v,
-                    int64_t ldv, float *o, int64_t ldo) {
+INLINE void pv_cols(int tr, int elem, int nv, int careful, __mmask16 last, int64_t nk, int64_t nr,
+                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
+                    const void *vn, float *o, int64_t ldo) {
     int64_t r = 0;
     if (elem == SDPA__ELEM_F32)
         for (; r + 6 <= nr; r += 6)
-            pv_block(tr, elem, 6, nv, pf, careful, last, nk, tr ? p + r * ldp : p + r, ldp,
-                     alpha + r, v, ldv, o + r * ldo, ldo);
-    pv_tail(tr, elem, nr - r, nv, pf, careful, last, nk, tr ? p + r * ldp : p + r, ldp, alpha + r,
-            v, ldv, o + r * ldo, ldo);
+            pv_block(tr, elem, 6, nv, careful, last, nk, tr ? p + r * ldp : p + r, ldp, alpha + r,
+                     v, ldv, vn, o + r * ldo, ldo);
+    pv_tail(tr, elem, nr - r, nv, careful, last, nk, tr ? p + r * ldp : p + r, ldp, alpha + r, v,
+            ldv, vn, o + r * ldo, ldo);
 }
 
-/* P V over the columns in blocks of up to 64, each block a pass over the keys. With `pf` (a
- * decode step's few rows), each pass also requests its columns of the next slice's rows,
- * which follow these in V when V is read in place: the next slice's V is asked for spread
- * over this one's work, into L2 (as qk_few's K: FEW_PREFETCH_KEYS; a prefetch past the end
- * of V never faults). */
-INLINE void pv_all(int tr, int elem, int pf, int careful, int64_t nk, int64_t nr, int64_t dv,
+/* P V over the columns in blocks of up to 64, each block a pass over the keys. Unless vn is
+ * NULL (pv_few: a decode step's few rows), each pass also requests its columns of the rows at
+ * vn, the next slice's, into L2 (as qk_few's K: FEW_PREFETCH_KEYS): the next slice's V is
+ * asked for spread over this one's work. A prefetch never faults. */
+INLINE void pv_all(int tr, int elem, int careful, int64_t nk, int64_t nr, int64_t dv,
                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
-                   float *o, int64_t ldo) {
+                   const void *vn, float *o, int64_t ldo) {
     int64_t c = 0;
     for (; c + 64 <= dv; c += 64)
-        pv_cols(tr, elem, 4, pf, careful, 0xffff, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
-                o + c, ldo);
+        pv_cols(tr, elem, 4, careful, 0xffff, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
+                vn != NULL ? elem_at(elem, vn, c) : NULL, o + c, ldo);
     const int64_t rest = dv - c;
     if (rest == 0)
         return;
     const __mmask16 last = (__mmask16)(rest % 16 == 0 ? 0xffff : (1u << (rest % 16)) - 1u);
-    const void *vc = elem_at(elem, v, c);
+    const void *vc = elem_at(elem, v, c), *vnc = vn != NULL ? elem_at(elem, vn, c) : NULL;
     switch ((rest + 15) / 16) {
     case 4:
-        pv_cols(tr, elem, 4, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 4, careful, last, nk, nr, p, ldp, alpha, vc, ldv, vnc, o + c, ldo);
         break;
     case 3:
-        pv_cols(tr, elem, 3, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 3, careful, last, nk, nr, p, ldp, alpha, vc, ldv, vnc, o + c, ldo);
         break;
     case 2:
-        pv_cols(tr, elem, 2, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 2, careful, last, nk, nr, p, ldp, alpha, vc, ldv, vnc, o + c, ldo);
         break;
     default:
-        pv_cols(tr, elem, 1, pf, careful, last, nk, nr, p, ldp, alpha, vc, ldv, o + c, ldo);
+        pv_cols(tr, elem, 1, careful, last, nk, nr, p, ldp, alpha, vc, ldv, vnc, o + c, ldo);
         break;
     }
 }
 
 static void pv_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                       const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    if (nr <= SDPA__FEW_ROWS)
-        pv_all(0, SDPA__ELEM_F32, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
-    else
-        pv_all(0, SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(0, SDPA__ELEM_F32, 0, nk, nr, dv, p, ldp, alpha, v, ldv, NULL, o, ldo);
 }
 
 /* pv with the weights transposed (ukernels.h): the same blocks and order as pv_avx512. */
 static void pv_t_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                         const float *alpha, const float *v, int64_t ldv, float *o, int64_t ldo) {
-    pv_all(1, SDPA__ELEM_F32, 0, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(1, SDPA__ELEM_F32, 0, nk, nr, dv, p, ldp, alpha, v, ldv, NULL, o, ldo);
 }
 
-/* The same blocks and order as pv_avx512 (prefetching changes no result). */
+/* The same blocks and order as pv_avx512. */
 static void pv_careful_avx512(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                               const float *alpha, const float *v, int64_t ldv, float *o,
                               int64_t ldo) {
-    pv_all(0, SDPA__ELEM_F32, 0, 1, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+    pv_all(0, SDPA__ELEM_F32, 1, nk, nr, dv, p, ldp, alpha, v, ldv, NULL, o, ldo);
 }
 
-/* pv_avx512 for a decode step's few rows with V's rows in f16 or bf16, widened as loaded. */
-static void pv_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p,
-                               int64_t ldp, const float *alpha, const void *v, int64_t ldv,
-                               float *o, int64_t ldo) {
-    if (elem == SDPA__ELEM_F16)
-        pv_all(0, SDPA__ELEM_F16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+/* pv_avx512 for a decode step's few rows, V's rows in f32, f16 or bf16 (widened as loaded),
+ * with the next slice's rows asked for (prefetching changes no result). */
+static void pv_few_avx512(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                          const float *alpha, const void *v, int64_t ldv, const void *v_next,
+                          float *o, int64_t ldo) {
+    if (elem == SDPA__ELEM_F32)
+        pv_all(0, SDPA__ELEM_F32, 0, nk, nr, dv, p, ldp, alpha, v, ldv, v_next, o, ldo);
+    else if (elem == SDPA__ELEM_F16)
+        pv_all(0, SDPA__ELEM_F16, 0, nk, nr, dv, p, ldp, alpha, v, ldv, v_next, o, ldo);
     else
-        pv_all(0, SDPA__ELEM_BF16, 1, 0, nk, nr, dv, p, ldp, alpha, v, ldv, o, ldo);
+        pv_all(0, SDPA__ELEM_BF16, 0, nk, nr, dv, p, ldp, alpha, v, ldv, v_next, o, ldo);
 }
 
 const sdpa__ukernels sdpa__uk_avx512 = {
@@ -650,7 +669,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .qk = qk_avx512,
     .qk_few = qk_few_avx512,
     .qk_few_half = qk_few_half_avx512,
-    .pv_few_half = pv_few_half_avx512,
+    .pv_few = pv_few_avx512,
     .softmax = softmax_avx512,
     .softmax_few = softmax_few_avx512,
     .exp_lse = exp_lse_avx512,
@@ -658,7 +677,6 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .ds = ds_avx512,
     .pv = pv_avx512,
     .pv_t = pv_t_avx512,
-    .pv_few_prefetch = 1,
     .pv_careful = pv_careful_avx512,
     .load_row = sdpa__load_row_avx512,
     .store_row = sdpa__store_row_avx512,

@@ -142,9 +142,12 @@ static inline float dot_few(int64_t dk, const float *restrict k, const float *re
 }
 
 /* A decode step's few rows: qk would hoist every key's values out of a loop over rows that
- * runs once, and spend a whole vector on rows that may be padding. */
+ * runs once, and spend a whole vector on rows that may be padding. Plain C asks for no rows
+ * ahead, so k_next goes unused. */
 static void qk_few_generic(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
-                           const float *const *q_rows, float scale, float *s, int64_t lds) {
+                           const float *k_next, const float *const *q_rows, float scale, float *s,
+                           int64_t lds) {
+    (void)k_next;
     for (int64_t j = 0; j < nk; j++) {
         float *s_j = s + j * lds;
         for (int64_t r = 0; r < nr; r++)
