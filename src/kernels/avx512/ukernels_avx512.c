@@ -231,6 +231,31 @@ INLINE __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
     return _mm512_castps512_ps128(u);
 }
 
+/* The sums of the 16 lanes of each of acc[r][b] (r, b < 4), key b's in 128-bit lane b, row r
+ * in its lane r: pairs, then quads within each 128-bit lane, as hsum4 does (for four keys of
+ * a row), then across the lanes, the four vectors at once: 30 shuffles and 15 adds where four
+ * hsum4 and a transpose take 40 and 20. Each sum's lanes are added in hsum4's order, so it is
+ * bitwise hsum4's. */
+INLINE __m512 hsum16(__m512 acc[4][4]) {
+    __m512 v[4];
+    for (int b = 0; b < 4; b++) {
+        const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(acc[0][b], acc[1][b]),
+                                         _mm512_unpackhi_ps(acc[0][b], acc[1][b]));
+        const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(acc[2][b], acc[3][b]),
+                                         _mm512_unpackhi_ps(acc[2][b], acc[3][b]));
+        v[b] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
+    }
+    /* lanes (0 + 2) and (1 + 3) of keys 0, 1 and of keys 2, 3; then the two added */
+    const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44),
+                                     _mm512_shuffle_f32x4(v[0], v[1], 0xee));
+    const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44),
+                                     _mm512_shuffle_f32x4(v[2], v[3], 0xee));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                         _mm512_shuffle_f32x4(w01, w23, 0xdd));
+}
+
 /* One vector of features (from d; lanes dm when `masked`) of qk_few_block's products; far and
  * near: the rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS keys ahead of the block's first. */
 INLINE void qk_few_step(int elem, int masked, __mmask16 dm, int nr, int nb, const void *k,
@@ -268,6 +293,17 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, in
     if (d < dk)
         qk_few_step(elem, 1, (__mmask16)((1u << (dk - d)) - 1u), nr, nb, k, ldk, far, near, q, d,
                     acc);
+    if (nr >= 3) { /* (rows past nr sum their zeros) */
+        const __m512 all = _mm512_mul_ps(_mm512_set1_ps(scale), hsum16(acc));
+        _mm512_storeu_ps(s, _mm512_zextps128_ps512(_mm512_castps512_ps128(all)));
+        if (nb > 1)
+            _mm512_storeu_ps(s + lds, _mm512_zextps128_ps512(_mm512_extractf32x4_ps(all, 1)));
+        if (nb > 2)
+            _mm512_storeu_ps(s + 2 * lds, _mm512_zextps128_ps512(_mm512_extractf32x4_ps(all, 2)));
+        if (nb > 3)
+            _mm512_storeu_ps(s + 3 * lds, _mm512_zextps128_ps512(_mm512_extractf32x4_ps(all, 3)));
+        return;
+    }
     /* row r's sums for the nb keys, then one vector of lanes per key: lanes [0, nr) */
     __m128 row[4];
     for (int r = 0; r < 4; r++)
