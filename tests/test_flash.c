@@ -551,7 +551,8 @@ static void test_convert_rows(void) {
  * those and f32) give bitwise what qk_few and pv give on the same rows widened (or copied)
  * first, for every row count they take (1..4), feature counts around the vector widths, key
  * counts around their blocks, and a row stride wider than the row. The rows they may ask for
- * ahead (k_next, v_next) are other rows of the same buffer: a request changes no result. */
+ * ahead (k_next, v_next) are other rows of the same buffer: a request changes no result. And
+ * qk_few's scores of several rows are bitwise those of each row alone. */
 static void test_few_in_place_entries(void) {
     static const int64_t dims[] = {1, 7, 8, 9, 15, 16, 17, 33, 64, 127, 128, 129};
     enum { NK = 37, LD_PAD = 5, MAXD = 129 };
@@ -614,6 +615,23 @@ static void test_few_in_place_entries(void) {
                                           "nk=%lld differs from qk_few",
                                           uk->name, elem, (long long)d, (long long)nr,
                                           (long long)nk);
+                        }
+                        if (elem == SDPA__ELEM_F32 && nr > 1) {
+                            /* each of nr rows as qk_few gives it alone: the sums over the
+                             * features of a block of rows by keys (AVX-512: one tree for 3
+                             * and 4 rows) add in the order of one row's */
+                            uk->qk_few(nk, nr, d, wide, d, wide, rows, 0.125f, s_got, 16);
+                            for (int64_t r = 0; r < nr; r++) {
+                                uk->qk_few(nk, 1, d, wide, d, wide, rows + r, 0.125f, s_want, 16);
+                                for (int64_t j = 0; j < nk; j++)
+                                    if (memcmp(s_want + j * 16, s_got + j * 16 + r,
+                                               sizeof *s_got) != 0)
+                                        CHECK_MSG(bad++ > 0,
+                                                  "[%s] qk_few d=%lld nr=%lld nk=%lld: row %lld "
+                                                  "of key %lld differs from the row alone",
+                                                  uk->name, (long long)d, (long long)nr,
+                                                  (long long)nk, (long long)r, (long long)j);
+                            }
                         }
                         if (uk->pv_few != NULL) {
                             for (int64_t n = 0; n < nk * 16; n++)

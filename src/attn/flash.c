@@ -375,11 +375,9 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     memset(o, 0, (size_t)(t.rows_all * pl->dvp) * sizeof *o);
 
     key_slice sl;
-    int64_t v_first = -1; /* the task's first slice */
+    int v_asked = 0; /* the previous slice's pv_few asked for this slice's V rows */
     for (slices_begin(pl, &t, chunk, &sl); slices_next(pl, &t, &sl);) {
         const int64_t js = sl.js, nk = sl.nk, r0 = sl.r0, r1pad = sl.r1pad, r1use = sl.r1use;
-        if (v_first < 0)
-            v_first = js;
         float *s0 = s + r0;
         /* qk_few serves f32 queries read in place (widened half-precision queries keep
          * qk's order of summation); a half-precision cache is then read in place too */
@@ -388,8 +386,9 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         const int k_half = few && pl->k_half && uk->qk_few_half != NULL;
         const int v_few = few && (pl->v_direct || pl->v_half) && uk->pv_few != NULL;
         /* the next slice's first key, whose rows the kernels ask for ahead (the next page's
-         * in a paged cache); the chunk's last slice names its own */
-        const int64_t jn = js + nk < sl.jhi ? js + nk : js;
+         * in a paged cache; past the chunk, the next chunk's); the sequence's last slice
+         * names its own */
+        const int64_t jn = js + nk < p->Lk ? js + nk : js;
         int64_t ldk, ldv;
         /* A paged cache gets no requests from here: a slice's rows asked for in one burst
          * (its V, the next page's K) stalled the loop on the fill buffers, and the step over 8
@@ -399,7 +398,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             /* V's rows of the slice, unless the previous slice's pv_few asked for them
              * already. Asking twice cost 4-9 % at Lq=1 Hq=32 Hkv=8 Lk=32768 D=128 on an Intel
              * Xeon. */
-            if (!v_few || js == v_first)
+            if (!v_few || !v_asked)
                 prefetch_rows(p, &p->v, b, hk, js, nk, p->Dv);
             /* K widened into kpack is read there, where qk_few's own requests ahead do
              * not land: the next slice's K rows are asked for here instead */
@@ -414,7 +413,8 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         } else {
             const float *kt =
                 tile_rows(uk, p, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
-            /* (a K widened into kpack has its next rows asked for above) */
+            /* (a K widened into kpack gets no requests from qk_few, which would land in kpack:
+             * those above, for a contiguous cache) */
             const float *k_next = pl->k_direct ? (const float *)kv_row(p, &p->k, b, hk, jn) : kt;
             if (few)
                 uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, k_next, tr.q_row + r0, (float)p->scale,
@@ -435,15 +435,17 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         const float *vt = v_few && !hidden ? NULL
                                            : tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk,
                                                        p->Dv, tr.vpack, &ldv);
+        v_asked = 0;
         if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
             uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
             sdpa__nan_of_visible_zeros(nk, r1use - r0, p->Dv, s0, s0, rp, 1, vt, ldv, o0, pl->dvp);
-        } else if (v_few)
+        } else if (v_few) {
             uk->pv_few((int)p->v.dtype, nk, r1use - r0, p->Dv, s0, rp, alpha + r0,
                        kv_row(p, &p->v, b, hk, js), p->v.stride[2], kv_row(p, &p->v, b, hk, jn), o0,
                        pl->dvp);
-        else
+            v_asked = 1;
+        } else
             uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
     }
 

@@ -239,11 +239,17 @@ INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 
 /* qk_few for nr rows and a block of nb keys: 8 features at a time along each key row, then
  * each key's vector of lanes [0, nr) from the row sums (nr * nb <= 12 accumulators). The
- * keys' elements are of type elem (the cache's: widened in registers). far and near: the
- * rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS keys ahead of the block's first. */
-INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, int64_t ldk,
-                         const char *far, const char *near, const float *const *q, float scale,
+ * keys' elements are of type elem (the cache's: widened in registers). The block is keys
+ * [j, j + nb) of a slice of nk at k0, whose rows continue at next (for the requests ahead). */
+INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, const void *next,
+                         int64_t nk, int64_t j, int64_t ldk, const float *const *q, float scale,
                          float *s, int64_t lds) {
+    const void *k = elem_at(elem, k0, j * ldk);
+    const char *far[8], *near[8]; /* each key's row ahead, through next past the slice */
+    for (int b = 0; b < nb; b++) {
+        far[b] = row_ahead(elem, k0, next, nk, j + b + FEW_PREFETCH_KEYS, ldk);
+        near[b] = row_ahead(elem, k0, next, nk, j + b + FEW_NEAR_KEYS, ldk);
+    }
     __m256 acc[4][8];
     for (int r = 0; r < 4; r++)
         for (int b = 0; b < nb; b++)
@@ -251,10 +257,10 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, in
     int64_t d = 0;
     for (; d + 8 <= dk; d += 8) {
         __m256 kv[8];
-        if (d % 16 == 0) /* once per 64-byte line */
+        if (d % (elem == SDPA__ELEM_F32 ? 16 : 32) == 0) /* once per 64-byte line */
             for (int b = 0; b < nb; b++) {
-                _mm_prefetch(elem_at(elem, far, b * ldk + d), _MM_HINT_T1);
-                _mm_prefetch(elem_at(elem, near, b * ldk + d), _MM_HINT_T0);
+                _mm_prefetch(elem_at(elem, far[b], d), _MM_HINT_T1);
+                _mm_prefetch(elem_at(elem, near[b], d), _MM_HINT_T0);
             }
         for (int b = 0; b < nb; b++)
             kv[b] = load8(elem, k, b * ldk + d);
@@ -291,15 +297,9 @@ INLINE void qk_few_rows(int elem, int nr, int nb, int64_t nk, int64_t dk, const 
                         int64_t lds) {
     int64_t j = 0;
     for (; j + nb <= nk; j += nb)
-        qk_few_block(elem, nr, nb, dk, elem_at(elem, k, j * ldk), ldk,
-                     row_ahead(elem, k, next, nk, j + FEW_PREFETCH_KEYS, ldk),
-                     row_ahead(elem, k, next, nk, j + FEW_NEAR_KEYS, ldk), q, scale, s + j * lds,
-                     lds);
+        qk_few_block(elem, nr, nb, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
     for (; j < nk; j++)
-        qk_few_block(elem, nr, 1, dk, elem_at(elem, k, j * ldk), ldk,
-                     row_ahead(elem, k, next, nk, j + FEW_PREFETCH_KEYS, ldk),
-                     row_ahead(elem, k, next, nk, j + FEW_NEAR_KEYS, ldk), q, scale, s + j * lds,
-                     lds);
+        qk_few_block(elem, nr, 1, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
 }
 
 INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
@@ -619,11 +619,16 @@ INLINE void pv_cols(int tr, int elem, int nv, int masked, int careful, __m256i l
             alpha + r, v, ldv, vn, o + r * ldo, ldo);
 }
 
+/* Column c of the rows at vn when c starts a 64-byte line of the row, else NULL (pv_all). */
+INLINE const void *line_ahead(int elem, const void *vn, int64_t c) {
+    return vn != NULL && (elem == SDPA__ELEM_F32 || c % 32 == 0) ? elem_at(elem, vn, c) : NULL;
+}
+
 /* P V over the columns in blocks of 16, each block a pass over the keys. Unless vn is NULL
- * (pv_few: a decode step's few rows), each pass also requests its 64 bytes of the rows at vn,
- * the next slice's, into L2 (as qk_few's K: FEW_PREFETCH_KEYS), so the next slice's V is asked
- * for spread over this one's work rather than in a burst that would stall the loads behind it
- * (a prefetch never faults). */
+ * (pv_few: a decode step's few rows), each pass that starts a 64-byte line of the row (every
+ * pass of f32, every other of f16 and bf16) also requests that line of the rows at vn, the next
+ * slice's, into L2: the next slice's V is asked for a slice ahead, spread over this one's work
+ * rather than in a burst that would stall the loads behind it (a prefetch never faults). */
 INLINE void pv_all(int tr, int elem, int careful, int64_t nk, int64_t nr, int64_t dv,
                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                    const void *vn, float *o, int64_t ldo) {
@@ -631,9 +636,9 @@ INLINE void pv_all(int tr, int elem, int careful, int64_t nk, int64_t nr, int64_
     int64_t c = 0;
     for (; c + 16 <= dv; c += 16)
         pv_cols(tr, elem, 2, 0, careful, none, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
-                vn != NULL ? elem_at(elem, vn, c) : NULL, o + c, ldo);
+                line_ahead(elem, vn, c), o + c, ldo);
     const int64_t rest = dv - c;
-    const void *vc = elem_at(elem, v, c), *vnc = vn != NULL ? elem_at(elem, vn, c) : NULL;
+    const void *vc = elem_at(elem, v, c), *vnc = line_ahead(elem, vn, c);
     if (rest == 0)
         return;
     if (rest == 8) {

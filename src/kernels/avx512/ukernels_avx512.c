@@ -256,16 +256,16 @@ INLINE __m512 hsum16(__m512 acc[4][4]) {
                          _mm512_shuffle_f32x4(w01, w23, 0xdd));
 }
 
-/* One vector of features (from d; lanes dm when `masked`) of qk_few_block's products; far and
- * near: the rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS keys ahead of the block's first. */
+/* One vector of features (from d; lanes dm when `masked`) of qk_few_block's products; far[b]
+ * and near[b]: the rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS keys ahead of key b. */
 INLINE void qk_few_step(int elem, int masked, __mmask16 dm, int nr, int nb, const void *k,
-                        int64_t ldk, const char *far, const char *near, const float *const *q,
-                        int64_t d, __m512 acc[4][4]) {
+                        int64_t ldk, const char *const *far, const char *const *near,
+                        const float *const *q, int64_t d, __m512 acc[4][4]) {
     __m512 kv[4];
     if (elem == SDPA__ELEM_F32 || d % 32 == 0) /* once per 64-byte line */
         for (int b = 0; b < nb; b++) {
-            _mm_prefetch(elem_at(elem, far, b * ldk + d), _MM_HINT_T1);
-            _mm_prefetch(elem_at(elem, near, b * ldk + d), _MM_HINT_T0);
+            _mm_prefetch(elem_at(elem, far[b], d), _MM_HINT_T1);
+            _mm_prefetch(elem_at(elem, near[b], d), _MM_HINT_T0);
         }
     for (int b = 0; b < nb; b++)
         kv[b] = masked ? load_elems(elem, k, b * ldk + d, dm) : load_full(elem, k, b * ldk + d);
@@ -276,11 +276,18 @@ INLINE void qk_few_step(int elem, int masked, __mmask16 dm, int nr, int nb, cons
     }
 }
 
-/* qk_few for nr rows and a block of nb <= 4 keys: 16 features at a time along each key row,
- * the keys' elements of type elem (the cache's: widened in registers). */
-INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k, int64_t ldk,
-                         const char *far, const char *near, const float *const *q, float scale,
+/* qk_few for nr rows and a block of nb <= 4 keys, keys [j, j + nb) of a slice of nk at k0
+ * (followed by the rows at next): 16 features at a time along each key row, the keys'
+ * elements of type elem (the cache's: widened in registers). */
+INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, const void *next,
+                         int64_t nk, int64_t j, int64_t ldk, const float *const *q, float scale,
                          float *s, int64_t lds) {
+    const void *k = elem_at(elem, k0, j * ldk);
+    const char *far[4], *near[4]; /* each key's row ahead, through next past the slice */
+    for (int b = 0; b < nb; b++) {
+        far[b] = row_ahead(elem, k0, next, nk, j + b + FEW_PREFETCH_KEYS, ldk);
+        near[b] = row_ahead(elem, k0, next, nk, j + b + FEW_NEAR_KEYS, ldk);
+    }
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int b = 0; b < 4; b++)
@@ -323,22 +330,16 @@ INLINE void qk_few_rows(int elem, int nr, int64_t nk, int64_t dk, const void *k,
                         int64_t lds) {
     int64_t j = 0;
     for (; j + 4 <= nk; j += 4)
-        qk_few_block(elem, nr, 4, dk, elem_at(elem, k, j * ldk), ldk,
-                     row_ahead(elem, k, next, nk, j + FEW_PREFETCH_KEYS, ldk),
-                     row_ahead(elem, k, next, nk, j + FEW_NEAR_KEYS, ldk), q, scale, s + j * lds,
-                     lds);
-    const void *kj = elem_at(elem, k, j * ldk);
-    const char *far = row_ahead(elem, k, next, nk, j + FEW_PREFETCH_KEYS, ldk);
-    const char *near = row_ahead(elem, k, next, nk, j + FEW_NEAR_KEYS, ldk);
+        qk_few_block(elem, nr, 4, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
     switch (nk - j) {
     case 3:
-        qk_few_block(elem, nr, 3, dk, kj, ldk, far, near, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 3, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
         break;
     case 2:
-        qk_few_block(elem, nr, 2, dk, kj, ldk, far, near, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 2, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
         break;
     case 1:
-        qk_few_block(elem, nr, 1, dk, kj, ldk, far, near, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 1, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
         break;
     default:
         break;
@@ -637,8 +638,8 @@ INLINE void pv_cols(int tr, int elem, int nv, int careful, __mmask16 last, int64
 
 /* P V over the columns in blocks of up to 64, each block a pass over the keys. Unless vn is
  * NULL (pv_few: a decode step's few rows), each pass also requests its columns of the rows at
- * vn, the next slice's, into L2 (as qk_few's K: FEW_PREFETCH_KEYS): the next slice's V is
- * asked for spread over this one's work. A prefetch never faults. */
+ * vn, the next slice's, into L2: the next slice's V is asked for a slice ahead, spread over
+ * this one's work. A prefetch never faults. */
 INLINE void pv_all(int tr, int elem, int careful, int64_t nk, int64_t nr, int64_t dv,
                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                    const void *vn, float *o, int64_t ldo) {
