@@ -245,11 +245,9 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
                          int64_t nk, int64_t j, int64_t ldk, const float *const *q, float scale,
                          float *s, int64_t lds) {
     const void *k = elem_at(elem, k0, j * ldk);
-    const char *far[8], *near[8]; /* each key's row ahead, through next past the slice */
-    for (int b = 0; b < nb; b++) {
-        far[b] = row_ahead(elem, k0, next, nk, j + b + FEW_PREFETCH_KEYS, ldk);
-        near[b] = row_ahead(elem, k0, next, nk, j + b + FEW_NEAR_KEYS, ldk);
-    }
+    /* the rows ahead of the block's first key, the others' following them (qk_few_rows) */
+    const char *far = row_ahead(elem, k0, next, nk, j + FEW_PREFETCH_KEYS, ldk);
+    const char *near = row_ahead(elem, k0, next, nk, j + FEW_NEAR_KEYS, ldk);
     __m256 acc[4][8];
     for (int r = 0; r < 4; r++)
         for (int b = 0; b < nb; b++)
@@ -259,8 +257,8 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
         __m256 kv[8];
         if (d % (elem == SDPA__ELEM_F32 ? 16 : 32) == 0) /* once per 64-byte line */
             for (int b = 0; b < nb; b++) {
-                _mm_prefetch(elem_at(elem, far[b], d), _MM_HINT_T1);
-                _mm_prefetch(elem_at(elem, near[b], d), _MM_HINT_T0);
+                _mm_prefetch(elem_at(elem, far, b * ldk + d), _MM_HINT_T1);
+                _mm_prefetch(elem_at(elem, near, b * ldk + d), _MM_HINT_T0);
             }
         for (int b = 0; b < nb; b++)
             kv[b] = load8(elem, k, b * ldk + d);
@@ -291,15 +289,27 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
     }
 }
 
-/* All keys for nr rows, nb keys at a time, then the rest one key at a time. */
+/* Keys [j, end) nb at a time, then the rest one at a time. */
+INLINE int64_t qk_few_run(int elem, int nr, int nb, int64_t j, int64_t end, int64_t nk, int64_t dk,
+                          const void *k, int64_t ldk, const void *next, const float *const *q,
+                          float scale, float *s, int64_t lds) {
+    for (; j + nb <= end; j += nb)
+        qk_few_block(elem, nr, nb, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+    for (; j < end; j++)
+        qk_few_block(elem, nr, 1, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+    return j;
+}
+
+/* All keys for nr rows, in three runs cut where the rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS
+ * ahead pass the slice's end, so that no block's rows ahead straddle it: a block asks for
+ * consecutive rows from one start, in the slice or at next (a page's end in a paged cache). */
 INLINE void qk_few_rows(int elem, int nr, int nb, int64_t nk, int64_t dk, const void *k,
                         int64_t ldk, const void *next, const float *const *q, float scale, float *s,
                         int64_t lds) {
-    int64_t j = 0;
-    for (; j + nb <= nk; j += nb)
-        qk_few_block(elem, nr, nb, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
-    for (; j < nk; j++)
-        qk_few_block(elem, nr, 1, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+    int64_t j =
+        qk_few_run(elem, nr, nb, 0, nk - FEW_PREFETCH_KEYS, nk, dk, k, ldk, next, q, scale, s, lds);
+    j = qk_few_run(elem, nr, nb, j, nk - FEW_NEAR_KEYS, nk, dk, k, ldk, next, q, scale, s, lds);
+    qk_few_run(elem, nr, nb, j, nk, nk, dk, k, ldk, next, q, scale, s, lds);
 }
 
 INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,

@@ -256,16 +256,17 @@ INLINE __m512 hsum16(__m512 acc[4][4]) {
                          _mm512_shuffle_f32x4(w01, w23, 0xdd));
 }
 
-/* One vector of features (from d; lanes dm when `masked`) of qk_few_block's products; far[b]
- * and near[b]: the rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS keys ahead of key b. */
+/* One vector of features (from d; lanes dm when `masked`) of qk_few_block's products; far and
+ * near: the rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS keys ahead of the block's first, the
+ * others' following them (qk_few_rows). */
 INLINE void qk_few_step(int elem, int masked, __mmask16 dm, int nr, int nb, const void *k,
-                        int64_t ldk, const char *const *far, const char *const *near,
-                        const float *const *q, int64_t d, __m512 acc[4][4]) {
+                        int64_t ldk, const char *far, const char *near, const float *const *q,
+                        int64_t d, __m512 acc[4][4]) {
     __m512 kv[4];
     if (elem == SDPA__ELEM_F32 || d % 32 == 0) /* once per 64-byte line */
         for (int b = 0; b < nb; b++) {
-            _mm_prefetch(elem_at(elem, far[b], d), _MM_HINT_T1);
-            _mm_prefetch(elem_at(elem, near[b], d), _MM_HINT_T0);
+            _mm_prefetch(elem_at(elem, far, b * ldk + d), _MM_HINT_T1);
+            _mm_prefetch(elem_at(elem, near, b * ldk + d), _MM_HINT_T0);
         }
     for (int b = 0; b < nb; b++)
         kv[b] = masked ? load_elems(elem, k, b * ldk + d, dm) : load_full(elem, k, b * ldk + d);
@@ -283,11 +284,8 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
                          int64_t nk, int64_t j, int64_t ldk, const float *const *q, float scale,
                          float *s, int64_t lds) {
     const void *k = elem_at(elem, k0, j * ldk);
-    const char *far[4], *near[4]; /* each key's row ahead, through next past the slice */
-    for (int b = 0; b < nb; b++) {
-        far[b] = row_ahead(elem, k0, next, nk, j + b + FEW_PREFETCH_KEYS, ldk);
-        near[b] = row_ahead(elem, k0, next, nk, j + b + FEW_NEAR_KEYS, ldk);
-    }
+    const char *far = row_ahead(elem, k0, next, nk, j + FEW_PREFETCH_KEYS, ldk);
+    const char *near = row_ahead(elem, k0, next, nk, j + FEW_NEAR_KEYS, ldk);
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int b = 0; b < 4; b++)
@@ -325,13 +323,13 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
         _mm512_storeu_ps(s + b * lds, _mm512_zextps128_ps512(key[b]));
 }
 
-INLINE void qk_few_rows(int elem, int nr, int64_t nk, int64_t dk, const void *k, int64_t ldk,
-                        const void *next, const float *const *q, float scale, float *s,
-                        int64_t lds) {
-    int64_t j = 0;
-    for (; j + 4 <= nk; j += 4)
+/* Keys [j, end) in blocks of 4, then the rest in one block. */
+INLINE int64_t qk_few_run(int elem, int nr, int64_t j, int64_t end, int64_t nk, int64_t dk,
+                          const void *k, int64_t ldk, const void *next, const float *const *q,
+                          float scale, float *s, int64_t lds) {
+    for (; j + 4 <= end; j += 4)
         qk_few_block(elem, nr, 4, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
-    switch (nk - j) {
+    switch (end - j) {
     case 3:
         qk_few_block(elem, nr, 3, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
         break;
@@ -344,6 +342,20 @@ INLINE void qk_few_rows(int elem, int nr, int64_t nk, int64_t dk, const void *k,
     default:
         break;
     }
+    return end > j ? end : j;
+}
+
+/* The keys in three runs, cut where the rows FEW_PREFETCH_KEYS and FEW_NEAR_KEYS ahead pass
+ * the slice's end, so that no block's rows ahead straddle it: a block asks for consecutive
+ * rows from one start, in the slice or at next (a page's end in a paged cache). At 64 keys
+ * the runs are whole blocks. */
+INLINE void qk_few_rows(int elem, int nr, int64_t nk, int64_t dk, const void *k, int64_t ldk,
+                        const void *next, const float *const *q, float scale, float *s,
+                        int64_t lds) {
+    int64_t j =
+        qk_few_run(elem, nr, 0, nk - FEW_PREFETCH_KEYS, nk, dk, k, ldk, next, q, scale, s, lds);
+    j = qk_few_run(elem, nr, j, nk - FEW_NEAR_KEYS, nk, dk, k, ldk, next, q, scale, s, lds);
+    qk_few_run(elem, nr, j, nk, nk, dk, k, ldk, next, q, scale, s, lds);
 }
 
 INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
