@@ -668,7 +668,86 @@ static void test_few_in_place_entries(void) {
     free(o_got);
 }
 
+/* View of rows [i0, i0 + n) of t along dimension 2 (the positions). */
+static sdpa_tensor rows_view(const sdpa_tensor *t, int64_t i0, int64_t n) {
+    sdpa_tensor v = *t;
+    v.data = (char *)t->data + i0 * t->stride[2] * (int64_t)sdpa_dtype_size(t->dtype);
+    v.shape[2] = n;
+    return v;
+}
+
+/* K and V that cannot be read in place (f16, bf16, f32 with a feature stride of 2) are read
+ * from each worker's widened head once a head has 4 query blocks or more, two per worker
+ * (flash.c, WIDE_MIN_BLOCKS): the outputs are bitwise those of each query block computed alone
+ * (one block: its tiles widened as it reads them), for 1 and 2 threads, unmasked, causal
+ * bottom-right, and causal with a left window and softcap. A block alone is the block's rows
+ * of q with the keys its rows may see, [0, Lk - Lq + i1) under bottom-right alignment, so
+ * that it sees what it sees in the whole problem. */
+static void test_widened_head(void) {
+    enum { B = 2, HQ = 4, HKV = 2, LQ = 300, LK = 333, DK = 48, DV = 40, BQ = 64 /* 128 / 2 */ };
+    static const char *const kinds[] = {"f16", "bf16", "f32 stride 2"};
+    tu_rng r = {21};
+    tu_problem pb = tu_problem_new((tu_dims){B, HQ, HKV, LQ, LK, DK, DV}, &r);
+    tu_tensor whole = tu_alloc(SDPA_F32, B, HQ, LQ, DV, TU_BHLD, 0, 0);
+    tu_tensor whole_lse = tu_alloc(SDPA_F32, B, HQ, LQ, 1, TU_BHLD, 0, 0);
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int kind = 0; kind < 3; kind++) {
+        const sdpa_dtype dt = kind == 0 ? SDPA_F16 : kind == 1 ? SDPA_BF16 : SDPA_F32;
+        const int64_t f = kind == 2 ? 2 : 1;
+        tu_tensor kb = tu_alloc(dt, B, HKV, LK, DK * f, TU_BHLD, 0, 0);
+        tu_tensor vb = tu_alloc(dt, B, HKV, LK, DV * f, TU_BHLD, 0, 0);
+        sdpa_tensor k = kb.t, v = vb.t;
+        k.shape[3] = DK;
+        v.shape[3] = DV;
+        k.stride[3] = v.stride[3] = f;
+        tu_copy(&k, &pb.k.t);
+        tu_copy(&v, &pb.v.t);
+        for (int mask = 0; mask < 3; mask++) {
+            sdpa_params prm = pb.p;
+            prm.causal = mask > 0;
+            prm.align = SDPA_ALIGN_BOTTOM_RIGHT;
+            prm.window_left = mask == 2 ? 70 : -1;
+            prm.window_right = -1;
+            prm.softcap = mask == 2 ? 30.0f : 0.0f;
+            for (int t = 0; t < n_impls; t++) {
+                if (!impls[t].runs)
+                    continue;
+                sdpa_ctx *one = tu_ctx(1, impls[t].level), *two = tu_ctx(2, impls[t].level);
+                /* each block alone, into pb.o and pb.lse */
+                for (int64_t i0 = 0; i0 < LQ; i0 += BQ) {
+                    const int64_t n = LQ - i0 < BQ ? LQ - i0 : BQ;
+                    const int64_t lk = mask > 0 ? LK - LQ + i0 + n : LK;
+                    const sdpa_tensor q = rows_view(&pb.q.t, i0, n), kk = rows_view(&k, 0, lk),
+                                      vv = rows_view(&v, 0, lk);
+                    sdpa_tensor o = rows_view(&pb.o.t, i0, n), l = rows_view(&pb.lse.t, i0, n);
+                    CHECK_INT_EQ(sdpa_forward(one, &q, &kk, &vv, &prm, &o, &l), SDPA_OK);
+                }
+                for (int threads = 1; threads <= 2; threads++) {
+                    memset(whole.buf, 0, whole.bytes);
+                    CHECK_INT_EQ(sdpa_forward(threads == 1 ? one : two, &pb.q.t, &k, &v, &prm,
+                                              &whole.t, &whole_lse.t),
+                                 SDPA_OK);
+                    CHECK_MSG(memcmp(pb.o.buf, whole.buf, pb.o.bytes) == 0 &&
+                                  memcmp(pb.lse.buf, whole_lse.buf, pb.lse.bytes) == 0,
+                              "[%s] K/V %s, mask %d, %d threads: the widened head differs from "
+                              "each block alone",
+                              impls[t].name, kinds[kind], mask, threads);
+                }
+                sdpa_ctx_destroy(one);
+                sdpa_ctx_destroy(two);
+            }
+        }
+        tu_free(&kb);
+        tu_free(&vb);
+    }
+    tu_problem_free(&pb);
+    tu_free(&whole);
+    tu_free(&whole_lse);
+}
+
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_convert_rows), CASE(test_few_in_place_entries),
            CASE(test_tile_boundaries), CASE(test_few_rows), CASE(test_hidden_keys_bitwise),
            CASE(test_hidden_keys_few_rows), CASE(test_accumulator_overflow),
-           CASE(test_score_overflow), CASE(test_nan_inside_tiles), CASE(test_thread_determinism))
+           CASE(test_score_overflow), CASE(test_nan_inside_tiles), CASE(test_thread_determinism),
+           CASE(test_widened_head))

@@ -676,6 +676,45 @@ static void test_chunked_prefill(void) {
     }
 }
 
+/* Chunked prefill long enough that each kv head has 4 or more query blocks (ratio 8: 16
+ * positions a block: 13 blocks, two per worker up to 6 workers), so that the half-precision
+ * cache is read from each worker's widened head (flash.c, WIDE_MIN_BLOCKS): through the block table
+ * with pages 16 and 64, and the plain layout with ragged lengths, in both alignments. */
+static void test_chunked_prefill_widened(void) {
+    for (int n = 0; n < 3; n++) {
+        kv_case c;
+        memset(&c, 0, sizeof c);
+        c.what = n == 0   ? "long chunked prefill f16, page 16, causal bottom-right"
+                 : n == 1 ? "long chunked prefill bf16, page 64, window and softcap, (B, L, H, D)"
+                          : "long chunked prefill f16, plain ragged, top-left causal, mask";
+        c.B = 4;
+        c.Hkv = 2;
+        c.Hq = 16;
+        c.Lq = 200;
+        c.Dk = 24;
+        c.Dv = 40;
+        c.page = n == 0 ? 16 : n == 1 ? 64 : 0;
+        c.cap = 1024;
+        c.kv_dt = n == 1 ? SDPA_BF16 : SDPA_F16;
+        const int32_t sq[4] = {200, 70, 0, 150}, sk[4] = {700, 70, 300, 140};
+        memcpy(c.sq, sq, sizeof sq);
+        memcpy(c.sk, sk, sizeof sk);
+        c.causal = 1;
+        c.align = n == 2 ? SDPA_ALIGN_TOP_LEFT : SDPA_ALIGN_BOTTOM_RIGHT;
+        c.blhd = n == 1;
+        c.seed = 3100 + (uint64_t)n;
+        if (n == 1) {
+            c.use_window = 1;
+            c.window_left = 40;
+            c.window_right = 0;
+            c.softcap = 20.0f;
+        }
+        if (n == 2)
+            c.mask = MASK_ADD;
+        CHECK_MSG(run_kv_case(&c), "%s", c.what);
+    }
+}
+
 /* The plain layout with seqlens (no block table): rows past a length are NaN and never read;
  * decode across the chunks and prefill, causal in both alignments. */
 static void test_plain_ragged(void) {
@@ -1813,9 +1852,10 @@ int main(int argc, char **argv) {
     tu_report_impls();
     g_n_impls = tu_impls(g_impls);
     return CHECK_RUN(argc, argv, CASE(test_paged_decode), CASE(test_paged_mixed),
-                     CASE(test_chunked_prefill), CASE(test_plain_ragged), CASE(test_determinism),
-                     CASE(test_sinks_forward), CASE(test_sinks_far_above),
-                     CASE(test_sinks_minus_inf), CASE(test_sinks_weights),
-                     CASE(test_sinks_backward), CASE(test_bad_descriptor), CASE(test_bad_lengths),
-                     CASE(test_bad_block_table), CASE(test_bad_pointers), CASE(test_bad_sinks));
+                     CASE(test_chunked_prefill), CASE(test_chunked_prefill_widened),
+                     CASE(test_plain_ragged), CASE(test_determinism), CASE(test_sinks_forward),
+                     CASE(test_sinks_far_above), CASE(test_sinks_minus_inf),
+                     CASE(test_sinks_weights), CASE(test_sinks_backward), CASE(test_bad_descriptor),
+                     CASE(test_bad_lengths), CASE(test_bad_block_table), CASE(test_bad_pointers),
+                     CASE(test_bad_sinks));
 }

@@ -14,7 +14,9 @@
  * Decode (split-KV): a problem of few tasks -- one or a few query rows per (b, kv head) --
  * also cuts its keys into chunks (plan_split), each chunk a task that leaves a partial (O, LSE),
  * merged in chunk order by a second pass (merge.h). A half-precision cache is read in place
- * by the tables' qk_few_half and pv_few there; elsewhere K and V tiles are widened.
+ * by the tables' qk_few_half and pv_few there; elsewhere K and V tiles are widened, tile by
+ * tile, or, where a head has several query blocks per worker, once per worker into its
+ * widened head (WIDE_MIN_BLOCKS).
  *
  * KV caches (sdpa_forward_kv): each task works on its sequence's own problem (sdpa__seq: its
  * lengths and causal offset); rows past the sequence's queries are written as fully masked;
@@ -55,6 +57,19 @@ enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
 enum { SPLIT_TASKS = 32, SPLIT_MIN_KEYS = 512 };
 #define SPLIT_MAX_BYTES ((size_t)32 << 20)
 
+/* The head's K and V widened once per worker. Where K or V cannot be read in place (f16,
+ * bf16, or a feature stride), each task widens every tile it reads, and each of a head's
+ * query blocks reads them all again: 16 times over at L = 2048 with 128 rows to a block.
+ * Instead each worker keeps the head it last worked on widened, a tile at a time as its tasks
+ * first reach it, and its next task on that head (the pool hands a head's blocks out in
+ * order, so a worker takes several in turn) reads the f32 rows from there. Widening is exact,
+ * so results are the same bits whichever worker widened what, and whether or not a call uses
+ * this. Used when a head has at least WIDE_MIN_BLOCKS query blocks and two per worker (so
+ * that a worker meets a head more than once), and the workers' widened heads take at most
+ * WIDE_MAX_BYTES in all. */
+enum { WIDE_MIN_BLOCKS = 4 };
+#define WIDE_MAX_BYTES ((size_t)32 << 20)
+
 typedef struct flash_plan {
     const sdpa__problem *p;
     const sdpa__ukernels *uk;
@@ -73,6 +88,8 @@ typedef struct flash_plan {
     int v_direct;           /* likewise V */
     int k_half, v_half;     /* K (V) is f16 or bf16 with unit feature stride: few-row tasks
                              * read it in place (qk_few_half, pv_few) */
+    int wide_k, wide_v;     /* K (V) is read from the worker's widened head (WIDE_MIN_BLOCKS) */
+    int64_t n_tiles;        /* tiles of KEY_TILE keys in Lk, when wide_k or wide_v */
     int needs_post;         /* softcap, ALiBi or a mask: every tile is post-processed */
     int dropout;            /* the problem drops weights (philox.h) */
     float keep_scale;       /* 1 / (1 - p): a kept weight's factor */
@@ -104,6 +121,22 @@ static const float *tile_rows(const sdpa__ukernels *uk, const sdpa__problem *p,
         uk->load_row((int)t->dtype, d, kv_row(p, t, b, hk, j0 + j), t->stride[3], pack + j * d);
     *ld = d;
     return pack;
+}
+
+/* The keys [js, js + nk) of a slice (within one tile) from the worker's widened head `wide`
+ * (Lk x d f32), widening their tile first if no task of this worker has: the rows of tile
+ * [j0, j0 + KEY_TILE) that sequence p has. */
+static const float *wide_rows(const sdpa__ukernels *uk, const sdpa__problem *p,
+                              const sdpa_tensor *t, int64_t b, int64_t hk, int64_t js, int64_t d,
+                              float *wide, unsigned char *ready) {
+    const int64_t tile = js / KEY_TILE, j0 = tile * KEY_TILE;
+    if (!ready[tile]) {
+        const int64_t j1 = j0 + KEY_TILE < p->Lk ? j0 + KEY_TILE : p->Lk;
+        for (int64_t j = j0; j < j1; j++)
+            uk->load_row((int)t->dtype, d, kv_row(p, t, b, hk, j), t->stride[3], wide + j * d);
+        ready[tile] = 1;
+    }
+    return wide + js * d;
 }
 
 /* Asks for the rows [j0, j0 + n) of t (batch b, head h) to be brought into the cache, when
@@ -138,6 +171,11 @@ typedef struct task_scratch {
      * rule, [lo[r], hi[r]] (wide open when a side is unbounded) */
     int64_t *h, *i, *lo, *hi;
     const float **q_row; /* the f32 query rows pack_q and qk_few read */
+    /* the worker's widened head (wide_k, wide_v): which (b, hk) it holds (-1: none), its K and
+     * V rows (Lk x Dk, Lk x Dv f32) and which of its tiles are widened. These outlive a task. */
+    int64_t *wide_bh;
+    float *kwide, *vwide;
+    unsigned char *kready, *vready;
 } task_scratch;
 
 /* Takes `bytes` from the region at base (NULL: only measures), each piece 64-byte aligned. */
@@ -174,6 +212,14 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     ts->lo = take(base, &at, rp * sizeof(int64_t));
     ts->hi = take(base, &at, rp * sizeof(int64_t));
     ts->q_row = take(base, &at, rp * sizeof(const float *));
+    /* last, so that without it the hot tiles of the workers' regions fall where they did */
+    const int wide = pl->wide_k || pl->wide_v;
+    const size_t tiles = (size_t)pl->n_tiles, keys = tiles * KEY_TILE;
+    ts->wide_bh = take(base, &at, wide ? sizeof(int64_t) : 0);
+    ts->kready = take(base, &at, pl->wide_k ? tiles : 0);
+    ts->vready = take(base, &at, pl->wide_v ? tiles : 0);
+    ts->kwide = take(base, &at, pl->wide_k ? keys * (size_t)p->Dk * f : 0);
+    ts->vwide = take(base, &at, pl->wide_v ? keys * (size_t)p->Dv * f : 0);
     return at;
 }
 
@@ -300,6 +346,13 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, task_rows
         }
     }
     uk->pack_q(t->rows, p->Dk, tr->q_row, tr->qt, pl->rp);
+    if ((pl->wide_k || pl->wide_v) && *tr->wide_bh != t->bh) { /* another head: none widened */
+        *tr->wide_bh = t->bh;
+        if (pl->wide_k)
+            memset(tr->kready, 0, (size_t)pl->n_tiles);
+        if (pl->wide_v)
+            memset(tr->vready, 0, (size_t)pl->n_tiles);
+    }
 }
 
 /* The keys a task visits, one slice at a time: tiles of KEY_TILE keys; a tile the window cuts
@@ -383,8 +436,8 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
          * qk's order of summation); a half-precision cache is then read in place too */
         const int few = uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
                         r1pad - r0 == uk->lanes;
-        const int k_half = few && pl->k_half && uk->qk_few_half != NULL;
-        const int v_few = few && (pl->v_direct || pl->v_half) && uk->pv_few != NULL;
+        const int k_half = few && pl->k_half && !pl->wide_k && uk->qk_few_half != NULL;
+        const int v_few = few && (pl->v_direct || pl->v_half || pl->wide_v) && uk->pv_few != NULL;
         /* the next slice's first key, whose rows the kernels ask for ahead (the next page's
          * in a paged cache; past the chunk, the next chunk's); the sequence's last slice
          * names its own */
@@ -398,12 +451,12 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             /* V's rows of the slice, unless the previous slice's pv_few asked for them
              * already. Asking twice cost 4-9 % at Lq=1 Hq=32 Hkv=8 Lk=32768 D=128 on an Intel
              * Xeon. */
-            if (!v_few || !v_asked)
+            if ((!v_few || !v_asked) && !pl->wide_v)
                 prefetch_rows(p, &p->v, b, hk, js, nk, p->Dv);
             /* K widened into kpack is read there, where qk_few's own requests ahead do
              * not land: the next slice's K rows are asked for here instead */
             const int64_t next = sl.jhi - js - nk < nk ? sl.jhi - js - nk : nk;
-            if (!pl->k_direct && !k_half && next > 0)
+            if (!pl->k_direct && !pl->wide_k && !k_half && next > 0)
                 prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
         }
         if (k_half) {
@@ -412,10 +465,16 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
                             (float)p->scale, s0, rp);
         } else {
             const float *kt =
-                tile_rows(uk, p, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
+                pl->wide_k
+                    ? wide_rows(uk, p, &p->k, b, hk, js, p->Dk, tr.kwide, tr.kready)
+                    : tile_rows(uk, p, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
+            if (pl->wide_k)
+                ldk = p->Dk;
             /* (a K widened into kpack gets no requests from qk_few, which would land in kpack:
              * those above, for a contiguous cache) */
-            const float *k_next = pl->k_direct ? (const float *)kv_row(p, &p->k, b, hk, jn) : kt;
+            const float *k_next = pl->k_direct ? (const float *)kv_row(p, &p->k, b, hk, jn)
+                                  : pl->wide_k ? tr.kwide + jn * p->Dk
+                                               : kt;
             if (few)
                 uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, k_next, tr.q_row + r0, (float)p->scale,
                            s0, rp);
@@ -432,14 +491,20 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         float *o0 = o + r0 * pl->dvp;
         /* V as f32 rows where pv_few cannot read it in place, or to look for a NaN or an Inf
          * that a hidden key's zero weight must keep out */
-        const float *vt = v_few && !hidden ? NULL
-                                           : tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk,
-                                                       p->Dv, tr.vpack, &ldv);
+        const float *vt = NULL;
+        if (pl->wide_v) {
+            vt = wide_rows(uk, p, &p->v, b, hk, js, p->Dv, tr.vwide, tr.vready);
+            ldv = p->Dv;
+        } else if (!v_few || hidden)
+            vt = tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
         v_asked = 0;
         if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
             uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
             sdpa__nan_of_visible_zeros(nk, r1use - r0, p->Dv, s0, s0, rp, 1, vt, ldv, o0, pl->dvp);
+        } else if (v_few && pl->wide_v) {
+            uk->pv_few(SDPA__ELEM_F32, nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv,
+                       tr.vwide + jn * p->Dv, o0, pl->dvp);
         } else if (v_few) {
             uk->pv_few((int)p->v.dtype, nk, r1use - r0, p->Dv, s0, rp, alpha + r0,
                        kv_row(p, &p->v, b, hk, js), p->v.stride[2], kv_row(p, &p->v, b, hk, jn), o0,
@@ -646,6 +711,21 @@ static void redo_overflowed_rows(const sdpa__problem *p, sdpa_tensor *out, sdpa_
     }
 }
 
+/* Whether each of the `workers` keeps its head's K and V widened (WIDE_MIN_BLOCKS). */
+static void plan_wide(flash_plan *pl, int workers) {
+    const sdpa__problem *p = pl->p;
+    const int k = !pl->k_direct, v = !pl->v_direct;
+    if (pl->n_qb < WIDE_MIN_BLOCKS || pl->n_qb < 2 * (int64_t)workers || !(k || v))
+        return;
+    const int64_t tiles = (p->Lk + KEY_TILE - 1) / KEY_TILE;
+    const size_t bytes = (size_t)tiles * KEY_TILE * (size_t)(k * p->Dk + v * p->Dv) * sizeof(float);
+    if (bytes > WIDE_MAX_BYTES / (size_t)workers)
+        return;
+    pl->wide_k = k;
+    pl->wide_v = v;
+    pl->n_tiles = tiles;
+}
+
 /* The plan's fields that depend on the problem and the table only (not the split). */
 static void plan_init(flash_plan *pl, const sdpa__impl *self, const sdpa__problem *p) {
     memset(pl, 0, sizeof *pl);
@@ -683,9 +763,10 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     pl.out = out;
     pl.lse = lse;
     plan_split(&pl);
+    const int workers = sdpa__n_workers(ctx);
+    plan_wide(&pl, workers);
     task_scratch unused;
     pl.per_worker = layout(&pl, NULL, &unused);
-    const int workers = sdpa__n_workers(ctx);
     atomic_int overflowed = 0;
     pl.overflowed = &overflowed;
     /* and, after the workers' regions, what redo_overflowed_rows needs: reserved now, so that
@@ -701,6 +782,11 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     char *after = pl.scratch + (size_t)workers * pl.per_worker;
     pl.part_lse = (double *)(after + redo);
     pl.part_o = (float *)(after + redo + parts * sizeof(double));
+    for (int w = 0; w < workers && (pl.wide_k || pl.wide_v); w++) {
+        task_scratch ts;
+        layout(&pl, pl.scratch + (size_t)w * pl.per_worker, &ts);
+        *ts.wide_bh = -1;
+    }
     sdpa__parallel_for(ctx, tasks * pl.n_chunks, flash_task, &pl);
     if (pl.n_chunks > 1)
         sdpa__parallel_for(ctx, tasks, merge_task, &pl);
