@@ -302,8 +302,9 @@ typedef struct task_rows {
 
 /* Lays out the worker's scratch for task `task` (its block's number in the order the pool
  * hands it out) and sets up its rows: each row's head, position and window, m = -inf, l = 0,
- * and Q transposed into tr->qt. */
-static void task_begin(const flash_plan *pl, int64_t task, int worker, task_rows *t,
+ * and, with `pack`, Q transposed into tr->qt (else the caller packs it when a slice first
+ * needs it: a decode task's slices all take qk_few, which reads the rows in place). */
+static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack, task_rows *t,
                        task_scratch *tr) {
     const sdpa__ukernels *uk = pl->uk;
     const sdpa__problem *p = sdpa__seq(pl->p, task / pl->n_qb / pl->p->Hkv, &t->seq);
@@ -345,7 +346,8 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, task_rows
             tr->q_row[r] = row;
         }
     }
-    uk->pack_q(t->rows, p->Dk, tr->q_row, tr->qt, pl->rp);
+    if (pack)
+        uk->pack_q(t->rows, p->Dk, tr->q_row, tr->qt, pl->rp);
     if ((pl->wide_k || pl->wide_v) && *tr->wide_bh != t->bh) { /* another head: none widened */
         *tr->wide_bh = t->bh;
         if (pl->wide_k)
@@ -420,7 +422,8 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     const int64_t task = task_chunk / pl->n_chunks, chunk = task_chunk % pl->n_chunks;
     task_rows t;
     task_scratch tr;
-    task_begin(pl, task, worker, &t, &tr);
+    task_begin(pl, task, worker, 0, &t, &tr);
+    int q_packed = 0;
     const sdpa__problem *p = t.p;
     const int64_t b = t.b, hk = t.hk, bh = t.bh, qb = t.qb, rows = t.rows, rp = pl->rp;
     const int64_t rows_all = t.rows_all;
@@ -478,8 +481,12 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             if (few)
                 uk->qk_few(nk, r1use - r0, p->Dk, kt, ldk, k_next, tr.q_row + r0, (float)p->scale,
                            s0, rp);
-            else
+            else {
+                if (!q_packed)
+                    uk->pack_q(rows, p->Dk, tr.q_row, qt, rp);
+                q_packed = 1;
                 uk->qk(nk, r1pad - r0, p->Dk, kt, ldk, qt + r0, rp, (float)p->scale, s0, rp);
+            }
         }
         if (!sl.whole || pl->needs_post)
             post_process(pl, p, b, &tr, r0, r1use, js, nk, sl.whole, s0 - r0);
@@ -524,10 +531,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         if (r >= rows)
             l[r] = 0.0f;
         float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-        int inf = 0;
-        for (int64_t c = 0; c < p->Dv; c++)
-            inf |= isinf(o[r * pl->dvp + c]);
-        if (inf)
+        if (sdpa__has_inf(o + r * pl->dvp, p->Dv))
             atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
         if (pl->n_chunks > 1) {
             const int64_t at = ((bh * pl->n_qb + qb) * pl->rp + r) * pl->n_chunks + chunk;
@@ -563,10 +567,18 @@ static void merge_task(void *arg, int64_t task, int worker) {
                                      pl->part_lse + at, row);
         /* the sink's term joins once, after the chunks (none of them saw it) */
         const double f = p->sinks != NULL ? sdpa__add_sink((double)p->sinks[h], &lse) : 1.0;
-        const int64_t o0 = sdpa__offset(pl->out, b, h, i, 0);
-        for (int64_t c = 0; c < p->Dv; c++)
-            sdpa__store(pl->out->data, pl->out->dtype, o0 + c * pl->out->stride[3],
-                        f == 1.0 ? row[c] : f * row[c]);
+        if (f != 1.0)
+            for (int64_t c = 0; c < p->Dv; c++)
+                row[c] *= f;
+        const int64_t o0 = sdpa__offset(pl->out, b, h, i, 0), st = pl->out->stride[3];
+        if (pl->out->dtype == SDPA_F32) { /* sdpa__store's rounding, in a loop that vectorises */
+            float *dst = (float *)pl->out->data + o0;
+            for (int64_t c = 0; c < p->Dv; c++)
+                dst[c * st] = (float)row[c];
+        } else {
+            for (int64_t c = 0; c < p->Dv; c++)
+                sdpa__store(pl->out->data, pl->out->dtype, o0 + c * st, row[c]);
+        }
         if (pl->lse != NULL)
             ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] = (float)lse;
     }
@@ -606,7 +618,7 @@ static void weights_task(void *arg, int64_t task, int worker) {
     const sdpa__ukernels *uk = pl->uk;
     task_rows t;
     task_scratch tr;
-    task_begin(pl, task, worker, &t, &tr);
+    task_begin(pl, task, worker, 1, &t, &tr);
     const sdpa__problem *p = t.p;
     const int64_t b = t.b, rp = pl->rp;
     const sdpa_tensor *w = pl->weights;
