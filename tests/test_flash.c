@@ -682,9 +682,11 @@ static sdpa_tensor rows_view(const sdpa_tensor *t, int64_t i0, int64_t n) {
  * (one block: its tiles widened as it reads them), for 1 and 2 threads, unmasked, causal
  * bottom-right, and causal with a left window and softcap. A block alone is the block's rows
  * of q with the keys its rows may see, [0, Lk - Lq + i1) under bottom-right alignment, so
- * that it sees what it sees in the whole problem. */
+ * that it sees what it sees in the whole problem. Two sequences of one kv head, so that a
+ * worker's next head is the same kv head of another sequence; the last block holds one
+ * position (2 rows), which the few-rows kernels take, reading the widened rows. */
 static void test_widened_head(void) {
-    enum { B = 2, HQ = 4, HKV = 2, LQ = 300, LK = 333, DK = 48, DV = 40, BQ = 64 /* 128 / 2 */ };
+    enum { B = 2, HQ = 2, HKV = 1, LQ = 257, LK = 333, DK = 48, DV = 40, BQ = 64 /* 128 / 2 */ };
     static const char *const kinds[] = {"f16", "bf16", "f32 stride 2"};
     tu_rng r = {21};
     tu_problem pb = tu_problem_new((tu_dims){B, HQ, HKV, LQ, LK, DK, DV}, &r);
@@ -746,8 +748,91 @@ static void test_widened_head(void) {
     tu_free(&whole_lse);
 }
 
+/* An allocator that refuses any request above `limit` bytes (0: none) and notes the largest
+ * request and whether it refused one. */
+typedef struct limit_alloc {
+    size_t limit, largest;
+    int refused;
+} limit_alloc;
+
+static void *limit_alloc_fn(size_t size, size_t align, void *user) {
+    limit_alloc *la = user;
+    la->largest = size > la->largest ? size : la->largest;
+    if (la->limit != 0 && size > la->limit) {
+        la->refused = 1;
+        return NULL;
+    }
+    void *p = NULL;
+    return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) == 0 ? p
+                                                                                          : NULL;
+}
+
+static void limit_free_fn(void *ptr, void *user) {
+    (void)user;
+    free(ptr);
+}
+
+/* The widened head with split-KV (a head of 5 blocks cut into 2 key chunks) and with P V's
+ * careful path (a NaN in the V row of a key that the causal rule hides from the first rows
+ * of a task): 1 and 2 threads (widened heads) bitwise 16 threads (fewer than two blocks a
+ * worker: tiles widened as read). Then with an allocator that refuses the widened heads'
+ * scratch: the call does without them, with the same bits. f16 K/V. */
+static void test_widened_head_split(void) {
+    enum { LQ = 257, LK = 1100, D = 40 };
+    tu_rng r = {23};
+    tu_problem pb = tu_problem_new((tu_dims){1, 2, 1, LQ, LK, D, D}, &r);
+    tu_tensor k = tu_alloc(SDPA_F16, 1, 1, LK, D, TU_BHLD, 0, 0);
+    tu_tensor v = tu_alloc(SDPA_F16, 1, 1, LK, D, TU_BHLD, 0, 0);
+    tu_copy(&k.t, &pb.k.t);
+    tu_copy(&v.t, &pb.v.t);
+    tu_set(&v.t, 0, 0, LK - LQ + 10, 3, NAN); /* seen by rows i >= 10 only */
+    pb.p.causal = 1;
+    pb.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    pb.p.window_left = 300;
+    tu_tensor o2 = tu_alloc(SDPA_F32, 1, 2, LQ, D, TU_BHLD, 0, 0);
+    tu_tensor l2 = tu_alloc(SDPA_F32, 1, 2, LQ, 1, TU_BHLD, 0, 0);
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        if (!impls[t].runs)
+            continue;
+        sdpa_ctx *many = tu_ctx(16, impls[t].level);
+        CHECK_INT_EQ(sdpa_forward(many, &pb.q.t, &k.t, &v.t, &pb.p, &pb.o.t, &pb.lse.t), SDPA_OK);
+        sdpa_ctx_destroy(many);
+        CHECK_MSG(isnan(tu_get(&pb.o.t, 0, 0, LQ - 1, 3)) && !isnan(tu_get(&pb.o.t, 0, 0, 5, 3)),
+                  "[%s] the NaN reaches the rows that see it only", impls[t].name);
+        for (int threads = 1; threads <= 2; threads++) {
+            limit_alloc la = {0, 0, 0};
+            sdpa_ctx_params cp = {0};
+            cp.n_threads = threads;
+            cp.max_isa = impls[t].level;
+            cp.allocator = (sdpa_allocator){limit_alloc_fn, limit_free_fn, &la};
+            for (int limited = 0; limited < 2; limited++) {
+                sdpa_ctx *ctx = NULL;
+                CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
+                memset(o2.buf, 0, o2.bytes);
+                la.refused = 0;
+                CHECK_INT_EQ(sdpa_forward(ctx, &pb.q.t, &k.t, &v.t, &pb.p, &o2.t, &l2.t), SDPA_OK);
+                CHECK_MSG(memcmp(pb.o.buf, o2.buf, o2.bytes) == 0 &&
+                              memcmp(pb.lse.buf, l2.buf, l2.bytes) == 0,
+                          "[%s] %d threads%s: differs from tiles widened as read", impls[t].name,
+                          threads, limited ? ", the widened heads refused" : "");
+                CHECK_MSG(la.refused == limited, "[%s] %d threads: the largest request %s refused",
+                          impls[t].name, threads, limited ? "was not" : "was");
+                sdpa_ctx_destroy(ctx);
+                la.limit = la.largest - 1; /* the next call: the widened heads' scratch refused */
+            }
+        }
+    }
+    tu_problem_free(&pb);
+    tu_free(&k);
+    tu_free(&v);
+    tu_free(&o2);
+    tu_free(&l2);
+}
+
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_convert_rows), CASE(test_few_in_place_entries),
            CASE(test_tile_boundaries), CASE(test_few_rows), CASE(test_hidden_keys_bitwise),
            CASE(test_hidden_keys_few_rows), CASE(test_accumulator_overflow),
            CASE(test_score_overflow), CASE(test_nan_inside_tiles), CASE(test_thread_determinism),
-           CASE(test_widened_head))
+           CASE(test_widened_head), CASE(test_widened_head_split))

@@ -676,10 +676,49 @@ static void test_chunked_prefill(void) {
     }
 }
 
+/* The case with 1 and 2 threads (each worker's widened head, flash.c WIDE_MIN_BLOCKS) bitwise
+ * with 32 threads (too few query blocks a worker for it: tiles widened as read), at every
+ * level, whatever the cores. */
+static int widened_bitwise(const kv_case *c) {
+    kv_bufs t;
+    kv_build(c, &t);
+    int32_t sk[MAXB], sq[MAXB];
+    const sdpa_kv_cache kc = kv_desc(c, &t, sk, sq);
+    tu_tensor o2 = tu_alloc(SDPA_F32, c->B, c->Hq, c->Lq, c->Dv, TU_BHLD, 0, 0);
+    tu_tensor l2 = tu_alloc(SDPA_F32, c->B, c->Hq, c->Lq, 1, TU_BHLD, 0, 0);
+    int ok = 1;
+    for (int n = 0; n < g_n_impls; n++) {
+        if (!g_impls[n].runs)
+            continue;
+        sdpa_ctx *ctx = tu_ctx(32, g_impls[n].level);
+        ok &= sdpa_forward_kv(ctx, &t.q.t, &kc, &t.p, &t.o.t, &t.lse.t) == SDPA_OK;
+        sdpa_ctx_destroy(ctx);
+        for (int threads = 1; threads <= 2; threads++) {
+            ctx = tu_ctx(threads, g_impls[n].level);
+            tu_fill_canary(&o2);
+            tu_fill_canary(&l2);
+            const int same = sdpa_forward_kv(ctx, &t.q.t, &kc, &t.p, &o2.t, &l2.t) == SDPA_OK &&
+                             memcmp(t.o.buf, o2.buf, o2.bytes) == 0 &&
+                             memcmp(t.lse.buf, l2.buf, l2.bytes) == 0;
+            if (!same)
+                printf("    %s [%s]: %d threads differ from 32\n", c->what, g_impls[n].name,
+                       threads);
+            ok &= same;
+            sdpa_ctx_destroy(ctx);
+        }
+    }
+    tu_free(&o2);
+    tu_free(&l2);
+    kv_free(&t);
+    return ok;
+}
+
 /* Chunked prefill long enough that each kv head has 4 or more query blocks (ratio 8: 16
  * positions a block: 13 blocks, two per worker up to 6 workers), so that the half-precision
- * cache is read from each worker's widened head (flash.c, WIDE_MIN_BLOCKS): through the block table
- * with pages 16 and 64, and the plain layout with ragged lengths, in both alignments. */
+ * cache is read from each worker's widened head (flash.c, WIDE_MIN_BLOCKS): through the block
+ * table with pages 16 and 64, and the plain layout with ragged lengths, in both alignments;
+ * against the reference, and bitwise the tiles widened as read. One kv head, so that a
+ * worker's next head is another sequence's. */
 static void test_chunked_prefill_widened(void) {
     for (int n = 0; n < 3; n++) {
         kv_case c;
@@ -688,8 +727,8 @@ static void test_chunked_prefill_widened(void) {
                  : n == 1 ? "long chunked prefill bf16, page 64, window and softcap, (B, L, H, D)"
                           : "long chunked prefill f16, plain ragged, top-left causal, mask";
         c.B = 4;
-        c.Hkv = 2;
-        c.Hq = 16;
+        c.Hkv = 1;
+        c.Hq = 8;
         c.Lq = 200;
         c.Dk = 24;
         c.Dv = 40;
@@ -712,6 +751,7 @@ static void test_chunked_prefill_widened(void) {
         if (n == 2)
             c.mask = MASK_ADD;
         CHECK_MSG(run_kv_case(&c), "%s", c.what);
+        CHECK_MSG(widened_bitwise(&c), "%s", c.what);
     }
 }
 

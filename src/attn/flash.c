@@ -8,8 +8,9 @@
  * ISA's micro-kernels (ukernels.h), applies the rules that hide keys or bias scores, takes the
  * online-softmax step (running max m, running sum l, rescale factor alpha) and accumulates
  * P V into an f32 tile of outputs; at the end O = acc / l and LSE = m + log(l). Extra memory is
- * O(rows x (Dk + Dv + tile)) per thread, never Lq x Lk. Key tiles that the window or the causal
- * rule hide from every row of a task are never visited.
+ * O(rows x (Dk + Dv + tile)) per thread, never Lq x Lk, plus, where K or V is widened, each
+ * worker's widened head, O(Lk x (Dk + Dv)) and WIDE_MAX_BYTES in all. Key tiles that the window
+ * or the causal rule hide from every row of a task are never visited.
  *
  * Decode (split-KV): a problem of few tasks -- one or a few query rows per (b, kv head) --
  * also cuts its keys into chunks (plan_split), each chunk a task that leaves a partial (O, LSE),
@@ -777,8 +778,6 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     plan_split(&pl);
     const int workers = sdpa__n_workers(ctx);
     plan_wide(&pl, workers);
-    task_scratch unused;
-    pl.per_worker = layout(&pl, NULL, &unused);
     atomic_int overflowed = 0;
     pl.overflowed = &overflowed;
     /* and, after the workers' regions, what redo_overflowed_rows needs: reserved now, so that
@@ -786,9 +785,17 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     const int64_t tasks = p->B * p->Hkv * pl.n_qb;
     const size_t redo = (size_t)(p->Dk + p->Lk + p->Dv) * sizeof(double);
     const size_t parts = pl.n_chunks > 1 ? (size_t)(tasks * pl.rp * pl.n_chunks) : 0;
-    const size_t bytes =
-        (size_t)workers * pl.per_worker + redo + parts * (size_t)p->Dv * 4 + parts * sizeof(double);
-    pl.scratch = sdpa__alloc(ctx, bytes, 64);
+    size_t bytes;
+    for (;;) {
+        task_scratch unused;
+        pl.per_worker = layout(&pl, NULL, &unused);
+        bytes = (size_t)workers * pl.per_worker + redo + parts * (size_t)p->Dv * 4 +
+                parts * sizeof(double);
+        pl.scratch = sdpa__alloc(ctx, bytes, 64);
+        if (pl.scratch != NULL || !(pl.wide_k || pl.wide_v))
+            break;
+        pl.wide_k = pl.wide_v = 0; /* the widened heads are a speed-up: do without them */
+    }
     if (pl.scratch == NULL)
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash forward: no memory for %zu bytes", bytes);
     char *after = pl.scratch + (size_t)workers * pl.per_worker;
