@@ -748,30 +748,6 @@ static void test_widened_head(void) {
     tu_free(&whole_lse);
 }
 
-/* An allocator that refuses any request above `limit` bytes (0: none) and notes the largest
- * request and whether it refused one. */
-typedef struct limit_alloc {
-    size_t limit, largest;
-    int refused;
-} limit_alloc;
-
-static void *limit_alloc_fn(size_t size, size_t align, void *user) {
-    limit_alloc *la = user;
-    la->largest = size > la->largest ? size : la->largest;
-    if (la->limit != 0 && size > la->limit) {
-        la->refused = 1;
-        return NULL;
-    }
-    void *p = NULL;
-    return posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size) == 0 ? p
-                                                                                          : NULL;
-}
-
-static void limit_free_fn(void *ptr, void *user) {
-    (void)user;
-    free(ptr);
-}
-
 /* The widened head with split-KV (a head of 5 blocks cut into 2 key chunks) and with P V's
  * careful path (a NaN in the V row of a key that the causal rule hides from the first rows
  * of a task): 1 and 2 threads (widened heads) bitwise 16 threads (fewer than two blocks a
@@ -802,11 +778,11 @@ static void test_widened_head_split(void) {
         CHECK_MSG(isnan(tu_get(&pb.o.t, 0, 0, LQ - 1, 3)) && !isnan(tu_get(&pb.o.t, 0, 0, 5, 3)),
                   "[%s] the NaN reaches the rows that see it only", impls[t].name);
         for (int threads = 1; threads <= 2; threads++) {
-            limit_alloc la = {0, 0, 0};
+            tu_failing_alloc la = {0};
             sdpa_ctx_params cp = {0};
             cp.n_threads = threads;
             cp.max_isa = impls[t].level;
-            cp.allocator = (sdpa_allocator){limit_alloc_fn, limit_free_fn, &la};
+            cp.allocator = tu_failing_allocator(&la);
             for (int limited = 0; limited < 2; limited++) {
                 sdpa_ctx *ctx = NULL;
                 CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
@@ -820,6 +796,7 @@ static void test_widened_head_split(void) {
                 CHECK_MSG(la.refused == limited, "[%s] %d threads: the largest request %s refused",
                           impls[t].name, threads, limited ? "was not" : "was");
                 sdpa_ctx_destroy(ctx);
+                CHECK_INT_EQ(la.outstanding, 0);
                 la.limit = la.largest - 1; /* the next call: the widened heads' scratch refused */
             }
         }

@@ -665,7 +665,7 @@ static void test_bad_memory(void) {
 
 /* No memory for the scratch: SDPA_ERR_NOMEM, outputs untouched, nothing leaked. */
 static void test_nomem(void) {
-    tu_failing_alloc fa = {0, 0};
+    tu_failing_alloc fa = {0};
     sdpa_ctx_params cp = {0};
     cp.n_threads = 2;
     cp.allocator = tu_failing_allocator(&fa);

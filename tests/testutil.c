@@ -373,6 +373,11 @@ sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa) {
 static void *failing_alloc(size_t size, size_t align, void *user) {
     tu_failing_alloc *fa = user;
     void *p = NULL;
+    fa->largest = size > fa->largest ? size : fa->largest;
+    if (fa->limit != 0 && size > fa->limit) {
+        fa->refused = 1;
+        return NULL;
+    }
     if (fa->fail || posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size))
         return NULL;
     fa->outstanding++;

@@ -134,11 +134,14 @@ double tu_mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t
 sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa);
 
 /* An allocator for sdpa_ctx_params that fails every request while `fail` is set (after the
- * context has been made, say) and counts the blocks outstanding, to check that a failed call
- * leaks nothing. */
+ * context has been made, say), and any request above `limit` bytes unless it is 0, noting the
+ * largest request and whether it refused one; it counts the blocks outstanding, to check that
+ * a failed call leaks nothing. */
 typedef struct tu_failing_alloc {
     int fail;
     long outstanding;
+    size_t limit, largest;
+    int refused;
 } tu_failing_alloc;
 
 /* The hooks over fa: {alloc, free, fa}. */

@@ -124,12 +124,12 @@ static const float *tile_rows(const sdpa__ukernels *uk, const sdpa__problem *p,
     return pack;
 }
 
-/* The keys [js, js + nk) of a slice (within one tile) from the worker's widened head `wide`
- * (Lk x d f32), widening their tile first if no task of this worker has: the rows of tile
- * [j0, j0 + KEY_TILE) that sequence p has. */
+/* The keys from js of a slice (within one tile) from the worker's widened head `wide` (Lk x d
+ * f32, row stride *ld = d), widening their tile first if no task of this worker has: the rows
+ * of tile [j0, j0 + KEY_TILE) that sequence p has. */
 static const float *wide_rows(const sdpa__ukernels *uk, const sdpa__problem *p,
                               const sdpa_tensor *t, int64_t b, int64_t hk, int64_t js, int64_t d,
-                              float *wide, unsigned char *ready) {
+                              float *wide, unsigned char *ready, int64_t *ld) {
     const int64_t tile = js / KEY_TILE, j0 = tile * KEY_TILE;
     if (!ready[tile]) {
         const int64_t j1 = j0 + KEY_TILE < p->Lk ? j0 + KEY_TILE : p->Lk;
@@ -137,6 +137,7 @@ static const float *wide_rows(const sdpa__ukernels *uk, const sdpa__problem *p,
             uk->load_row((int)t->dtype, d, kv_row(p, t, b, hk, j), t->stride[3], wide + j * d);
         ready[tile] = 1;
     }
+    *ld = d;
     return wide + js * d;
 }
 
@@ -470,10 +471,8 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         } else {
             const float *kt =
                 pl->wide_k
-                    ? wide_rows(uk, p, &p->k, b, hk, js, p->Dk, tr.kwide, tr.kready)
+                    ? wide_rows(uk, p, &p->k, b, hk, js, p->Dk, tr.kwide, tr.kready, &ldk)
                     : tile_rows(uk, p, &p->k, pl->k_direct, b, hk, js, nk, p->Dk, tr.kpack, &ldk);
-            if (pl->wide_k)
-                ldk = p->Dk;
             /* (a K widened into kpack gets no requests from qk_few, which would land in kpack:
              * those above, for a contiguous cache) */
             const float *k_next = pl->k_direct ? (const float *)kv_row(p, &p->k, b, hk, jn)
@@ -500,10 +499,9 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         /* V as f32 rows where pv_few cannot read it in place, or to look for a NaN or an Inf
          * that a hidden key's zero weight must keep out */
         const float *vt = NULL;
-        if (pl->wide_v) {
-            vt = wide_rows(uk, p, &p->v, b, hk, js, p->Dv, tr.vwide, tr.vready);
-            ldv = p->Dv;
-        } else if (!v_few || hidden)
+        if (pl->wide_v)
+            vt = wide_rows(uk, p, &p->v, b, hk, js, p->Dv, tr.vwide, tr.vready, &ldv);
+        else if (!v_few || hidden)
             vt = tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
         v_asked = 0;
         if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {

@@ -539,7 +539,7 @@ static void test_memory(void) {
     tu_tensor dq = tu_alloc(SDPA_F32, 1, 2, nq, 16, TU_BHLD, 0, 0);
     tu_tensor dk = tu_alloc(SDPA_F32, 1, 2, nk, 16, TU_BHLD, 0, 0);
     tu_tensor dv = tu_alloc(SDPA_F32, 1, 2, nk, 16, TU_BHLD, 0, 0);
-    tu_failing_alloc fa = {0, 0};
+    tu_failing_alloc fa = {0};
     sdpa_ctx_params cp = {0};
     cp.n_threads = 1;
     cp.allocator = tu_failing_allocator(&fa);
