@@ -860,6 +860,16 @@ static void free3(void *x[3]) {
         free(x[n]);
 }
 
+/* The gradients got[] (of t's sizes) bitwise want[]: else a failure naming `what` and `than`,
+ * what they were to equal. */
+static void same_as(const tu_impl *impl, const fb_tensors *t, void *want[3], void *got[3],
+                    const char *what, const char *than) {
+    const size_t bytes[3] = {t->dq.bytes, t->dk.bytes, t->dv.bytes};
+    for (int x = 0; x < 3; x++)
+        CHECK_MSG(memcmp(want[x], got[x], bytes[x]) == 0, "[%s] %s: gradient %d differs from %s",
+                  impl->name, what, x, than);
+}
+
 /* The case's tensors, with the golden forward's out and LSE. */
 static void make_with_forward(const fb_case *c, fb_tensors *t) {
     make(c, t);
@@ -942,12 +952,7 @@ static void test_deterministic_waves(void) {
             t.tuned = 1;
             t.tuning.dq_budget = whole[w];
             same_bytes(&impls[n], &t, what, got);
-            for (int x = 0; x < 3; x++)
-                CHECK_MSG(memcmp(want[x], got[x],
-                                 x == 0   ? t.dq.bytes
-                                 : x == 1 ? t.dk.bytes
-                                          : t.dv.bytes) == 0,
-                          "[%s] %s: gradient %d differs from one wave's", impls[n].name, what, x);
+            same_as(&impls[n], &t, want, got, what, "one wave's");
             free3(got);
         }
         for (size_t w = 0; w < sizeof less / sizeof less[0]; w++) {
@@ -1036,13 +1041,7 @@ static void test_deterministic_key_groups(void) {
                 t.tuning.key_group = g;
                 snprintf(what, sizeof what, "variant %d, key blocks %d at a time", variant, g);
                 same_bytes(&impls[n], &t, what, got);
-                for (int x = 0; x < 3; x++)
-                    CHECK_MSG(memcmp(want[x], got[x],
-                                     x == 0   ? t.dq.bytes
-                                     : x == 1 ? t.dk.bytes
-                                              : t.dv.bytes) == 0,
-                              "[%s] %s: gradient %d differs from one block at a time's",
-                              impls[n].name, what, x);
+                same_as(&impls[n], &t, want, got, what, "one block at a time's");
                 free3(got);
             }
             free3(want);
@@ -1051,23 +1050,136 @@ static void test_deterministic_key_groups(void) {
     }
 }
 
-typedef struct failing_alloc {
-    int fail;
-    long outstanding;
-} failing_alloc;
-
-static void *fa_alloc(size_t size, size_t align, void *user) {
-    failing_alloc *fa = user;
-    void *p = NULL;
-    if (fa->fail || posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size))
-        return NULL;
-    fa->outstanding++;
-    return p;
+/* q and dout of t moved into f32 buffers with a feature stride of 2 (same values), which the
+ * backward cannot read in place. */
+static void feature_stride_2(tu_tensor *x) {
+    const sdpa_tensor *a = &x->t;
+    tu_tensor y =
+        tu_alloc(SDPA_F32, a->shape[0], a->shape[1], a->shape[2], 2 * a->shape[3], TU_BHLD, 0, 0);
+    y.t.shape[3] = a->shape[3];
+    y.t.stride[3] = 2;
+    tu_copy(&y.t, a);
+    tu_free(x);
+    *x = y;
 }
 
-static void fa_free(void *ptr, void *user) {
-    ((failing_alloc *)user)->outstanding--;
-    free(ptr);
+/* The one-pass schedule's tasks keep their rows of Q and dO widened where those cannot be read
+ * in place (flash_backward.c, WIDE_MAX_BYTES): the gradients are bitwise those without, for 1
+ * to 16 threads, and by the gradient rule. f16 with GQA (3 heads a group), causal bottom-right
+ * with Lq < Lk (tiles starting inside a query block, chunks of different rows); bf16 with a
+ * window, mask, ALiBi, softcap, dropout and two key blocks to a step; f32 q and dout with a
+ * feature stride of 2, 4 heads a group, Lq > Lk (fully masked rows) and a last query block of 2
+ * rows. Then the rule: a problem of several steps per chunk takes the widened rows by itself
+ * (its largest request grows), f32 read in place does not, and an allocator that refuses them
+ * gives the same bits without them. */
+static void test_widened_rows(void) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int variant = 0; variant < 3; variant++) {
+        fb_case c = variant == 2 ? plain(8, 2, 130, 100, 24, 40) : plain(6, 2, 200, 390, 40, 24);
+        c.d.B = 2;
+        c.p.causal = 1;
+        c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+        c.dt = variant == 0 ? SDPA_F16 : variant == 1 ? SDPA_BF16 : SDPA_F32;
+        if (variant == 1) {
+            c.mask = MASK_ADD;
+            c.alibi = 1;
+            c.p.softcap = 6.0f;
+            c.p.dropout_p = 0.25f;
+            c.p.dropout_seed = 5;
+            c.p.use_window = 1;
+            c.p.window_left = 150;
+        }
+        c.tuned = 1;
+        c.tuning.dq_budget = (size_t)32 << 20;
+        c.tuning.key_group = variant == 1 ? 2 : 0;
+        if (variant < 2) {
+            c.tuning.wide = 1;
+            char name[64];
+            snprintf(name, sizeof name, "widened rows, variant %d", variant);
+            CHECK_MSG(run_case(name, &c), "%s", name);
+        }
+        fb_tensors t;
+        make_with_forward(&c, &t);
+        if (variant == 2) {
+            feature_stride_2(&t.q);
+            feature_stride_2(&t.dout);
+        }
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs)
+                continue;
+            void *want[3], *got[3];
+            char what[64];
+            t.tuning.wide = -1;
+            snprintf(what, sizeof what, "variant %d, rows widened per tile", variant);
+            same_bytes(&impls[n], &t, what, want);
+            for (int wide = 0; wide <= 1; wide++) {
+                t.tuning.wide = wide;
+                snprintf(what, sizeof what, "variant %d, rows widened once (%s)", variant,
+                         wide ? "always" : "by the rule");
+                same_bytes(&impls[n], &t, what, got);
+                same_as(&impls[n], &t, want, got, what, "the rows widened per tile's");
+                free3(got);
+            }
+            free3(want);
+        }
+        release(&t);
+    }
+
+    /* the rule, and the allocator's refusal: one pair, 8 chunks of 2 or 3 key blocks */
+    for (int half = 0; half <= 1; half++) {
+        fb_case c = plain(2, 1, 1280, 1280, 16, 16);
+        c.dt = half ? SDPA_F16 : SDPA_F32;
+        c.seed = 9;
+        fb_tensors t;
+        make_with_forward(&c, &t);
+        t.tuned = 1;
+        t.tuning.dq_budget = (size_t)32 << 20;
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs)
+                continue;
+            t.impl = impls[n].impl;
+            tu_failing_alloc fa = {0};
+            sdpa_ctx_params cp = {0};
+            cp.n_threads = 2;
+            cp.max_isa = impls[n].level;
+            cp.allocator = tu_failing_allocator(&fa);
+            sdpa_ctx *ctx = NULL;
+            CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
+            size_t largest[2];
+            void *want[3];
+            tu_tensor *got[3] = {&t.dq, &t.dk, &t.dv};
+            for (int wide = -1; wide <= 0; wide++) {
+                t.tuning.wide = wide;
+                fa.largest = 0;
+                CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
+                largest[wide + 1] = fa.largest;
+                for (int x = 0; x < 3 && wide < 0; x++) {
+                    want[x] = malloc(got[x]->bytes);
+                    memcpy(want[x], got[x]->buf, got[x]->bytes);
+                }
+            }
+            CHECK_MSG(half ? largest[1] > largest[0] : largest[1] == largest[0],
+                      "[%s] %s: the largest request %zu with the rule, %zu without the widened "
+                      "rows",
+                      impls[n].name, half ? "f16" : "f32", largest[1], largest[0]);
+            if (half) { /* refused: the same bits without them */
+                fa.limit = largest[0];
+                fa.refused = 0;
+                tu_fill_canary(&t.dq);
+                CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
+                CHECK_INT_EQ(fa.refused, 1);
+                for (int x = 0; x < 3; x++)
+                    CHECK_MSG(memcmp(want[x], got[x]->buf, got[x]->bytes) == 0,
+                              "[%s] widened rows refused: gradient %d differs", impls[n].name, x);
+                fa.limit = 0;
+            }
+            free3(want);
+            sdpa_ctx_destroy(ctx);
+            CHECK_INT_EQ(fa.outstanding, 0);
+        }
+        release(&t);
+    }
 }
 
 /* No memory: SDPA_ERR_NOMEM naming the flash backward, nothing written, nothing leaked. */
@@ -1083,11 +1195,11 @@ static void test_nomem(void) {
     for (int n = 0; n < n_impls; n++) {
         if (!impls[n].runs)
             continue;
-        failing_alloc fa = {0, 0};
+        tu_failing_alloc fa = {0};
         sdpa_ctx_params cp = {0};
         cp.n_threads = 2;
         cp.max_isa = impls[n].level;
-        cp.allocator = (sdpa_allocator){fa_alloc, fa_free, &fa};
+        cp.allocator = tu_failing_allocator(&fa);
         sdpa_ctx *ctx = NULL;
         CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
         tu_fill_canary(&t.dq);
@@ -1108,10 +1220,10 @@ static void test_nomem(void) {
 
 int main(int argc, char **argv) {
     tu_report_impls();
-    return CHECK_RUN(argc, argv, CASE(test_exp_lse), CASE(test_shapes),
-                     CASE(test_causal_and_windows), CASE(test_masks_softcap_alibi),
-                     CASE(test_heads), CASE(test_layouts_and_storage), CASE(test_dropout),
-                     CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
-                     CASE(test_deterministic), CASE(test_deterministic_waves),
-                     CASE(test_deterministic_key_groups), CASE(test_nomem));
+    return CHECK_RUN(
+        argc, argv, CASE(test_exp_lse), CASE(test_shapes), CASE(test_causal_and_windows),
+        CASE(test_masks_softcap_alibi), CASE(test_heads), CASE(test_layouts_and_storage),
+        CASE(test_dropout), CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
+        CASE(test_deterministic), CASE(test_deterministic_waves),
+        CASE(test_deterministic_key_groups), CASE(test_widened_rows), CASE(test_nomem));
 }

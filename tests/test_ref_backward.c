@@ -656,32 +656,12 @@ static void test_nan_row(void) {
     tu_free(&dv);
 }
 
-/* An allocator that fails on request (after the context has been made). */
-typedef struct failing_alloc {
-    int fail;
-    long outstanding;
-} failing_alloc;
-
-static void *fa_alloc(size_t size, size_t align, void *user) {
-    failing_alloc *fa = user;
-    void *p = NULL;
-    if (fa->fail || posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, size))
-        return NULL;
-    fa->outstanding++;
-    return p;
-}
-
-static void fa_free(void *ptr, void *user) {
-    ((failing_alloc *)user)->outstanding--;
-    free(ptr);
-}
-
 /* No memory: SDPA_ERR_NOMEM, a message, nothing written, nothing leaked. */
 static void test_nomem(void) {
-    failing_alloc fa = {0, 0};
+    tu_failing_alloc fa = {0};
     sdpa_ctx_params cp = {0};
     cp.n_threads = 1;
-    cp.allocator = (sdpa_allocator){fa_alloc, fa_free, &fa};
+    cp.allocator = tu_failing_allocator(&fa);
     sdpa_ctx *ctx = NULL;
     CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
     tu_rng r = {23};
