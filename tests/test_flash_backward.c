@@ -1063,24 +1063,67 @@ static void feature_stride_2(tu_tensor *x) {
     *x = y;
 }
 
+/* Whether the backward of f16 Hq=8 Hkv=1 Lq=4096 Lk D=72 with `workers` threads takes the
+ * widened rows by the rule: its largest request, refused (nothing runs), is larger with the
+ * rule than without them. 8 chunks (the hook's budget lets every one's partials be held) of
+ * Lk / 512 steps (key blocks one at a time); the rows take 18.9 MB a worker. */
+static int takes_widened_rows(const tu_impl *impl, int64_t lk, int workers) {
+    fb_case c = plain(8, 1, 4096, lk, 72, 72);
+    c.dt = SDPA_F16;
+    fb_tensors t;
+    make(&c, &t);
+    t.tuned = 1;
+    t.tuning.dq_budget = (size_t)1 << 30;
+    t.tuning.key_group = 1;
+    t.impl = impl->impl;
+    tu_failing_alloc fa = {0};
+    sdpa_ctx_params cp = {0};
+    cp.n_threads = workers;
+    cp.max_isa = impl->level;
+    cp.allocator = tu_failing_allocator(&fa);
+    sdpa_ctx *ctx = NULL;
+    CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
+    fa.fail = 1;
+    size_t largest[2];
+    for (int wide = -1; wide <= 0; wide++) {
+        t.tuning.wide = wide;
+        fa.largest = 0;
+        CHECK_INT_EQ(backward(ctx, &t), SDPA_ERR_NOMEM);
+        largest[wide + 1] = fa.largest;
+    }
+    sdpa_ctx_destroy(ctx);
+    release(&t);
+    return largest[1] > largest[0];
+}
+
 /* The one-pass schedule's tasks keep their rows of Q and dO widened where those cannot be read
  * in place (flash_backward.c, WIDE_MAX_BYTES): the gradients are bitwise those without, for 1
- * to 16 threads, and by the gradient rule. f16 with GQA (3 heads a group), causal bottom-right
- * with Lq < Lk (tiles starting inside a query block, chunks of different rows); bf16 with a
- * window, mask, ALiBi, softcap, dropout and two key blocks to a step; f32 q and dout with a
- * feature stride of 2, 4 heads a group, Lq > Lk (fully masked rows) and a last query block of 2
- * rows. Then the rule: a problem of several steps per chunk takes the widened rows by itself
- * (its largest request grows), f32 read in place does not, and an allocator that refuses them
- * gives the same bits without them. */
+ * to 16 threads, and by the gradient rule. Variants: 0, f16 with GQA (3 heads a group), causal
+ * bottom-right with Lq < Lk (tiles starting inside a query block, chunks of different rows);
+ * 1, bf16 with a window, mask, ALiBi, softcap, dropout and two key blocks to a step; 2, f32 q
+ * and dout with a feature stride of 2, 4 heads a group, Lq > Lk (fully masked rows) and a last
+ * query block of 2 rows; 3 and 4, as 0 in f32 with only dout, then only q, strided (the other
+ * read in place); 5, f16, causal top-left with a left window of 40 at L = 512 (chunks whose
+ * rows start past the first query block). Then the rule: a problem of two steps per chunk takes
+ * the widened rows by itself (its largest request grows), unless they pass WIDE_MAX_BYTES (the
+ * same problem with 2 workers) or a chunk's keys are one step, and f32 read in place never
+ * does; and an allocator that refuses them gives the same bits without them. */
 static void test_widened_rows(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
-    for (int variant = 0; variant < 3; variant++) {
-        fb_case c = variant == 2 ? plain(8, 2, 130, 100, 24, 40) : plain(6, 2, 200, 390, 40, 24);
-        c.d.B = 2;
+    for (int variant = 0; variant < 6; variant++) {
+        fb_case c = variant == 2   ? plain(8, 2, 130, 100, 24, 40)
+                    : variant == 5 ? plain(4, 2, 512, 512, 24, 24)
+                                   : plain(6, 2, 200, 390, 40, 24);
+        c.d.B = variant == 5 ? 1 : 2;
         c.p.causal = 1;
-        c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
-        c.dt = variant == 0 ? SDPA_F16 : variant == 1 ? SDPA_BF16 : SDPA_F32;
+        c.p.align = variant == 5 ? SDPA_ALIGN_TOP_LEFT : SDPA_ALIGN_BOTTOM_RIGHT;
+        c.dt = variant == 0 || variant == 5 ? SDPA_F16 : variant == 1 ? SDPA_BF16 : SDPA_F32;
+        if (variant == 5) {
+            c.p.use_window = 1;
+            c.p.window_left = 40;
+            c.p.window_right = 0;
+        }
         if (variant == 1) {
             c.mask = MASK_ADD;
             c.alibi = 1;
@@ -1093,7 +1136,7 @@ static void test_widened_rows(void) {
         c.tuned = 1;
         c.tuning.dq_budget = (size_t)32 << 20;
         c.tuning.key_group = variant == 1 ? 2 : 0;
-        if (variant < 2) {
+        if (variant < 2 || variant == 5) {
             c.tuning.wide = 1;
             char name[64];
             snprintf(name, sizeof name, "widened rows, variant %d", variant);
@@ -1101,10 +1144,10 @@ static void test_widened_rows(void) {
         }
         fb_tensors t;
         make_with_forward(&c, &t);
-        if (variant == 2) {
+        if (variant == 2 || variant == 4)
             feature_stride_2(&t.q);
+        if (variant == 2 || variant == 3)
             feature_stride_2(&t.dout);
-        }
         for (int n = 0; n < n_impls; n++) {
             if (!impls[n].runs)
                 continue;
@@ -1126,7 +1169,19 @@ static void test_widened_rows(void) {
         release(&t);
     }
 
-    /* the rule, and the allocator's refusal: one pair, 8 chunks of 2 or 3 key blocks */
+    /* the rule: two steps a chunk, not one; within WIDE_MAX_BYTES (1 worker), not past it (2) */
+    for (int n = 0; n < n_impls; n++) {
+        if (!impls[n].runs)
+            continue;
+        CHECK_MSG(takes_widened_rows(&impls[n], 1024, 1), "[%s] two steps, 1 worker: not widened",
+                  impls[n].name);
+        CHECK_MSG(!takes_widened_rows(&impls[n], 1024, 2),
+                  "[%s] two steps, 2 workers (37.7 MB): widened", impls[n].name);
+        CHECK_MSG(!takes_widened_rows(&impls[n], 512, 1), "[%s] one step, 1 worker: widened",
+                  impls[n].name);
+    }
+
+    /* the allocator's refusal, and f32 read in place: one pair, 8 chunks of 2 or 3 key blocks */
     for (int half = 0; half <= 1; half++) {
         fb_case c = plain(2, 1, 1280, 1280, 16, 16);
         c.dt = half ? SDPA_F16 : SDPA_F32;

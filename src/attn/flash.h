@@ -30,8 +30,9 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
  * back to two kinds of task), and key_group, the key blocks a task takes together (1 to 4; 0:
  * chosen from the problem). The gradients depend on the problem and dq_budget only: never on
  * key_group or the thread count. `wide`: whether the one-pass schedule's tasks keep their rows
- * of Q and dO widened (0: chosen from the problem and the workers, > 0: wherever Q or dO is
- * widened, < 0: never); the gradients are the same bits either way. */
+ * of Q and dO widened (0: chosen from the problem and the workers, > 0: in the one-pass
+ * schedule wherever Q or dO is widened, whatever the steps and WIDE_MAX_BYTES, < 0: never);
+ * the gradients are the same bits either way. */
 typedef struct sdpa__bwd_tuning {
     size_t dq_budget;
     int key_group;

@@ -43,8 +43,8 @@
  *
  * Extra memory: Delta (B Hq Lq floats), the partials of a wave (at most dq_budget bytes), and
  * one scratch region per worker of O(block x (Dk + Dv + block)) floats, plus, where Q or dO is
- * widened, a chunk's rows of them (group x Lq x (Dk + Dv) floats at most, WIDE_MAX_BYTES in
- * all).
+ * widened, a chunk's rows of them (whole query blocks: at most group x n_qb QUERY_BLOCK x
+ * (Dk + Dv) floats; WIDE_MAX_BYTES in all).
  *
  * The contract's corner cases:
  * - A fully masked row (L_i = -inf) sees nothing: every score of it is hidden, its dQ is 0 and
@@ -178,9 +178,9 @@ typedef struct bwd_scratch {
     float *dorow;
     const float **rowp; /* the rows pack_q reads */
     /* With pl->wide: the task's rows of Q and dO widened (when not read in place), query
-     * blocks wide_qb0 .. wide_qb0 + wide_blocks - 1 of each head g of the group, block x of
-     * head g at (g wide_blocks + x) QUERY_BLOCK rows of Dk (Dv) floats, and which of them are
-     * widened (ready[g wide_blocks + x]). */
+     * blocks wide_qb0 .. wide_qb0 + wide_blocks - 1 of each head g of the group: query block
+     * wide_qb0 + x of head g at (g wide_blocks + x) QUERY_BLOCK rows of Dk (Dv) floats, and
+     * whether it is widened, ready[g wide_blocks + x]. */
     float *qwide, *dowide;
     unsigned char *ready;
     int64_t wide_qb0;
@@ -272,25 +272,23 @@ static void query_rows(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h
     }
     const int64_t qb = i0 / QUERY_BLOCK, a = qb * QUERY_BLOCK;
     const int64_t x = h % p->group * pl->wide_blocks + qb - ws->wide_qb0;
-    float *qw = ws->qwide + x * QUERY_BLOCK * p->Dk, *dw = ws->dowide + x * QUERY_BLOCK * p->Dv;
-    if (!ws->ready[x]) {
-        const int64_t n = a + QUERY_BLOCK < p->Lq ? QUERY_BLOCK : p->Lq - a;
-        int64_t ld;
-        if (!pl->q_direct)
-            rows_of(uk, &p->q, 0, b, h, a, n, p->Dk, qw, &ld, NULL);
-        if (!pl->do_direct)
-            rows_of(uk, pl->dout, 0, b, h, a, n, p->Dv, dw, &ld, NULL);
-        ws->ready[x] = 1;
-    }
+    const int64_t n = a + QUERY_BLOCK < p->Lq ? QUERY_BLOCK : p->Lq - a, ready = ws->ready[x];
+    ws->ready[x] = 1;
     if (pl->q_direct)
         *q = rows_of(uk, &p->q, 1, b, h, i0, nq, p->Dk, NULL, ldq, NULL);
     else {
+        float *qw = ws->qwide + x * QUERY_BLOCK * p->Dk;
+        if (!ready)
+            rows_of(uk, &p->q, 0, b, h, a, n, p->Dk, qw, ldq, NULL);
         *q = qw + (i0 - a) * p->Dk;
         *ldq = p->Dk;
     }
     if (pl->do_direct)
         *dO = rows_of(uk, pl->dout, 1, b, h, i0, nq, p->Dv, NULL, lddo, NULL);
     else {
+        float *dw = ws->dowide + x * QUERY_BLOCK * p->Dv;
+        if (!ready)
+            rows_of(uk, pl->dout, 0, b, h, a, n, p->Dv, dw, lddo, NULL);
         *dO = dw + (i0 - a) * p->Dv;
         *lddo = p->Dv;
     }
