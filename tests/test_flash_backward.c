@@ -1237,64 +1237,6 @@ static void test_widened_rows(void) {
     }
 }
 
-/* The partials' budget where one pair's dQ in f32 passes 16 MiB (8 query heads to a kv head,
- * Lq = 4160, Dk = 128: 17.0 MB): sdpa_backward holds two chunks' partials (34.1 MB, beyond
- * the 32 MiB floor; the 2 key blocks one chunk each) and runs the one-pass schedule, bitwise
- * what the hook gives with that budget (1 thread against 2; the tests above hold the hook's
- * schedules to the gradient rule); with the floor alone it would take two kinds of task, which
- * hold no partials. */
-static void test_default_budget(void) {
-    fb_case c = plain(8, 1, 4160, 65, 128, 16);
-    c.seed = 11;
-    const size_t two = 2 * (size_t)(8 * 4160 * 128) * sizeof(float);
-    fb_tensors t;
-    make_with_forward(&c, &t);
-    tu_impl impls[TU_MAX_IMPLS];
-    const int n_impls = tu_impls(impls);
-    tu_tensor *grads[3] = {&t.dq, &t.dk, &t.dv};
-    for (int n = 0; n < n_impls; n++) {
-        if (!impls[n].runs)
-            continue;
-        void *want[3], *got[3];
-        t.impl = impls[n].impl;
-        for (int x = 0; x < 2; x++) {
-            sdpa_ctx *ctx = tu_ctx(x + 1, impls[n].level);
-            t.tuned = x;
-            t.tuning.dq_budget = two;
-            CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
-            for (int g = 0; g < 3; g++) {
-                void **to = x == 0 ? want : got;
-                to[g] = malloc(grads[g]->bytes);
-                memcpy(to[g], grads[g]->buf, grads[g]->bytes);
-            }
-            sdpa_ctx_destroy(ctx);
-        }
-        same_as(&impls[n], &t, want, got, "the hook with two chunks' budget, 2 threads",
-                "sdpa_backward's, 1 thread");
-        free3(got);
-        free3(want);
-        size_t largest[2];
-        for (int x = 0; x < 2; x++) {
-            tu_failing_alloc fa = {0};
-            sdpa_ctx_params cp = {0};
-            cp.n_threads = 2;
-            cp.max_isa = impls[n].level;
-            cp.allocator = tu_failing_allocator(&fa);
-            sdpa_ctx *ctx = NULL;
-            CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
-            t.tuned = x;
-            t.tuning.dq_budget = (size_t)32 << 20; /* the floor alone */
-            CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
-            largest[x] = fa.largest;
-            sdpa_ctx_destroy(ctx);
-        }
-        CHECK_MSG(largest[0] > two && largest[1] < two,
-                  "[%s] largest request %zu by default, %zu with the floor alone (partials %zu)",
-                  impls[n].name, largest[0], largest[1], two);
-    }
-    release(&t);
-}
-
 /* No memory: SDPA_ERR_NOMEM naming the flash backward, nothing written, nothing leaked. */
 static void test_nomem(void) {
     tu_impl impls[TU_MAX_IMPLS];
@@ -1333,11 +1275,10 @@ static void test_nomem(void) {
 
 int main(int argc, char **argv) {
     tu_report_impls();
-    return CHECK_RUN(argc, argv, CASE(test_exp_lse), CASE(test_shapes),
-                     CASE(test_causal_and_windows), CASE(test_masks_softcap_alibi),
-                     CASE(test_heads), CASE(test_layouts_and_storage), CASE(test_dropout),
-                     CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
-                     CASE(test_deterministic), CASE(test_deterministic_waves),
-                     CASE(test_deterministic_key_groups), CASE(test_widened_rows),
-                     CASE(test_default_budget), CASE(test_nomem));
+    return CHECK_RUN(
+        argc, argv, CASE(test_exp_lse), CASE(test_shapes), CASE(test_causal_and_windows),
+        CASE(test_masks_softcap_alibi), CASE(test_heads), CASE(test_layouts_and_storage),
+        CASE(test_dropout), CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
+        CASE(test_deterministic), CASE(test_deterministic_waves),
+        CASE(test_deterministic_key_groups), CASE(test_widened_rows), CASE(test_nomem));
 }

@@ -25,10 +25,9 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
                                  sdpa_tensor *dv);
 
 /* What sdpa__flash_backward chooses for itself, set by the tests to reach every schedule:
- * dq_budget, the most bytes of dQ partials held at once (sdpa__flash_backward: 32 MiB, more
- * where one pair's partials in two chunks take more, at most 1 GiB; a small one makes the
- * one-pass schedule run its pairs in several waves, with fewer chunks, or fall back to two
- * kinds of task), and key_group, the key blocks a task takes together (1 to 4; 0:
+ * dq_budget, the most bytes of dQ partials held at once (sdpa__flash_backward: 32 MiB; a small
+ * one makes the one-pass schedule run its pairs in several waves, with fewer chunks, or fall
+ * back to two kinds of task), and key_group, the key blocks a task takes together (1 to 4; 0:
  * chosen from the problem). The gradients depend on the problem and dq_budget only: never on
  * key_group or the thread count. `wide`: whether the one-pass schedule's tasks keep their rows
  * of Q and dO widened (0: chosen from the problem and the workers, > 0: in the one-pass

@@ -30,13 +30,12 @@
  * The number of chunks comes from the problem (enough for TARGET_TASKS tasks, at most MAX_CHUNKS
  * and the key blocks), never from the thread count, and so does every boundary: the results are
  * bitwise the same for any n_threads. The partials are O(group Lq Dk) per pair; the pairs run
- * in waves whose partials fit `dq_budget` bytes (dq_budget_of: 32 MiB, or two chunks of one
- * pair where those take more, up to 1 GiB; each wave its chunk loop, then its sums), so extra
- * memory stays bounded whatever B and H. Neither waves nor key groups change any sum; the
- * tests reach them all through sdpa__flash_backward_tuned (flash.h).
+ * in waves whose partials fit `dq_budget` bytes (DQ_BUDGET; each wave its chunk loop, then its
+ * sums), so extra memory stays bounded whatever B and H. Neither waves nor key groups change
+ * any sum; the tests reach them all through sdpa__flash_backward_tuned (flash.h).
  *
  * The two-kind schedule, where even one pair's partials would not fit the budget with two
- * tasks to a wave (a query group's dQ in f32 beyond 512 MiB), needs no partials and recomputes
+ * tasks to a wave (long sequences with large query groups), needs no partials and recomputes
  * S and dP instead (seven products): tasks of kind A, one per (b, kv head, key block), run
  * tile_a without dQ; tasks of kind B, one per (b, query head, query block), own those rows of
  * dQ and, per block of keys the rows see, form S, P and dP transposed as the forward does (one
@@ -103,10 +102,13 @@ enum { TARGET_TASKS = 16, MAX_CHUNKS = 8 };
 enum { MAX_KEY_GROUP = 4 };
 #define SWEEP_IN_CACHE (2.0 * 1024 * 1024)
 
-/* The most bytes of dQ partials held at once (sdpa__flash_backward): DQ_BUDGET, or, where one
- * pair's partials in two chunks take more, those, up to DQ_BUDGET_MAX (dq_budget_of). */
+/* The most bytes of dQ partials held at once (sdpa__flash_backward). Fixed: a budget that grew
+ * to one pair's partials in two chunks, so that long sequences with large query groups take
+ * the one-pass schedule rather than two kinds of task, ran 1.33-1.42x faster on 2 threads
+ * (B=1 Hq=8 Hkv=1 L=8192 D=128 and Hq=4 Hkv=1 L=16384), but its waves then hold two tasks,
+ * which leave all workers but two idle in the chunk loop where the two-kind schedule keeps
+ * every worker busy (docs/benchmarks.md, 2026-11-28). */
 #define DQ_BUDGET ((size_t)32 << 20)
-#define DQ_BUDGET_MAX ((size_t)1 << 30)
 
 /* A task's query rows widened once. Where Q or dO cannot be read in place (f16, bf16, or a
  * feature stride), tile_a would widen a tile's rows for every key block it meets them with:
@@ -877,24 +879,10 @@ sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,
     return SDPA_OK;
 }
 
-/* The partials' budget for p: DQ_BUDGET, or enough for one pair's partials in two chunks (at
- * most 2 group Lq Dk floats, Dk rounded up to 16), so that the one-pass schedule runs rather
- * than the two-kind one, whose two more products took 1.38x the time (B=1 Hq=8 Hkv=1
- * L=8192 D=128, 2 threads on an Intel Xeon with AVX-512, f32 and causal f16 alike), up to
- * DQ_BUDGET_MAX. Extra memory is then at most twice a query group's dQ in f32, as
- * FlashAttention-2 keeps dQ in f32 once. From the problem alone, as the chunks must be. */
-static size_t dq_budget_of(const sdpa__problem *p) {
-    const double two =
-        2.0 * (double)p->group * (double)p->Lq * (double)sdpa__round_up(p->Dk, 16) * sizeof(float);
-    return two <= (double)DQ_BUDGET       ? DQ_BUDGET
-           : two >= (double)DQ_BUDGET_MAX ? DQ_BUDGET_MAX
-                                          : (size_t)two;
-}
-
 sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                                  const sdpa_tensor *out, const sdpa_tensor *lse,
                                  const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
                                  sdpa_tensor *dv) {
-    const sdpa__bwd_tuning tuning = {dq_budget_of(p), 0, 0};
+    const sdpa__bwd_tuning tuning = {DQ_BUDGET, 0, 0};
     return sdpa__flash_backward_tuned(self, ctx, p, out, lse, dout, dq, dk, dv, &tuning);
 }
