@@ -1000,6 +1000,19 @@ static void test_deterministic_waves(void) {
     }
 }
 
+/* bf16 storage with every feature that changes a tile's work: an additive mask, ALiBi,
+ * softcap, dropout and a left window of 150. */
+static void every_feature(fb_case *c) {
+    c->dt = SDPA_BF16;
+    c->mask = MASK_ADD;
+    c->alibi = 1;
+    c->p.softcap = 6.0f;
+    c->p.dropout_p = 0.25f;
+    c->p.dropout_seed = 5;
+    c->p.use_window = 1;
+    c->p.window_left = 150;
+}
+
 /* Several key blocks to a step of a chunk (key_group 2 to 4, which the backward takes for
  * itself where a sweep over a pair's query rows would leave the cache): bitwise the gradients
  * of one block at a time, for 1 to 16 threads. Causal with 7 key blocks per pair in 4 chunks
@@ -1013,16 +1026,8 @@ static void test_deterministic_key_groups(void) {
         c.d.B = 2;
         c.p.causal = 1;
         c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
-        if (variant == 1) {
-            c.dt = SDPA_BF16;
-            c.mask = MASK_ADD;
-            c.alibi = 1;
-            c.p.softcap = 6.0f;
-            c.p.dropout_p = 0.25f;
-            c.p.dropout_seed = 5;
-            c.p.use_window = 1;
-            c.p.window_left = 150;
-        }
+        if (variant == 1)
+            every_feature(&c);
         c.tuned = 1;
         c.tuning.dq_budget = (size_t)32 << 20; /* sdpa__flash_backward's */
         fb_tensors t;
@@ -1124,15 +1129,8 @@ static void test_widened_rows(void) {
             c.p.window_left = 40;
             c.p.window_right = 0;
         }
-        if (variant == 1) {
-            c.mask = MASK_ADD;
-            c.alibi = 1;
-            c.p.softcap = 6.0f;
-            c.p.dropout_p = 0.25f;
-            c.p.dropout_seed = 5;
-            c.p.use_window = 1;
-            c.p.window_left = 150;
-        }
+        if (variant == 1)
+            every_feature(&c);
         c.tuned = 1;
         c.tuning.dq_budget = (size_t)32 << 20;
         c.tuning.key_group = variant == 1 ? 2 : 0;

@@ -229,7 +229,7 @@ static size_t layout(const bwd_plan *pl, char *base, bwd_scratch *ws) {
     ws->qwide = take(base, &at, pl->q_direct ? 0 : rows * dk * f);
     ws->dowide = take(base, &at, pl->do_direct ? 0 : rows * dv * f);
     ws->ready = take(base, &at, rows / QUERY_BLOCK);
-    ws->wide_qb0 = 0;
+    ws->wide_qb0 = 0; /* chunk_task sets it */
     return at;
 }
 
@@ -263,6 +263,20 @@ static const float *rows_of(const sdpa__ukernels *uk, const sdpa_tensor *t, int 
     return base;
 }
 
+/* Rows [i0, i0 + nq) of t (head h, d features) within the query block of rows [a, a + n): in
+ * place when `direct`, else from the task's widened block `wide` (row stride d), widened
+ * first, whole, unless `ready`. */
+static const float *kept_rows(const sdpa__ukernels *uk, const sdpa_tensor *t, int direct, int64_t b,
+                              int64_t h, int64_t a, int64_t n, int64_t i0, int64_t nq, int64_t d,
+                              float *wide, int ready, int64_t *ld) {
+    if (direct)
+        return rows_of(uk, t, 1, b, h, i0, nq, d, NULL, ld, NULL);
+    if (!ready)
+        rows_of(uk, t, 0, b, h, a, n, d, wide, ld, NULL);
+    *ld = d;
+    return wide + (i0 - a) * d;
+}
+
 /* The f32 rows [i0, i0 + nq) of Q and dO of head h, within one query block: *q and *dO, row
  * strides *ldq and *lddo. From the task's widened rows with pl->wide (the block widened first,
  * whole, if none of the task's tiles has), else as rows_of gives them. */
@@ -277,26 +291,14 @@ static void query_rows(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h
     }
     const int64_t qb = i0 / QUERY_BLOCK, a = qb * QUERY_BLOCK;
     const int64_t x = h % p->group * pl->wide_blocks + qb - ws->wide_qb0;
-    const int64_t n = a + QUERY_BLOCK < p->Lq ? QUERY_BLOCK : p->Lq - a, ready = ws->ready[x];
+    const int64_t n = a + QUERY_BLOCK < p->Lq ? QUERY_BLOCK : p->Lq - a;
+    const int ready = ws->ready[x];
     ws->ready[x] = 1;
-    if (pl->q_direct)
-        *q = rows_of(uk, &p->q, 1, b, h, i0, nq, p->Dk, NULL, ldq, NULL);
-    else {
-        float *qw = ws->qwide + x * QUERY_BLOCK * p->Dk;
-        if (!ready)
-            rows_of(uk, &p->q, 0, b, h, a, n, p->Dk, qw, ldq, NULL);
-        *q = qw + (i0 - a) * p->Dk;
-        *ldq = p->Dk;
-    }
-    if (pl->do_direct)
-        *dO = rows_of(uk, pl->dout, 1, b, h, i0, nq, p->Dv, NULL, lddo, NULL);
-    else {
-        float *dw = ws->dowide + x * QUERY_BLOCK * p->Dv;
-        if (!ready)
-            rows_of(uk, pl->dout, 0, b, h, a, n, p->Dv, dw, lddo, NULL);
-        *dO = dw + (i0 - a) * p->Dv;
-        *lddo = p->Dv;
-    }
+    /* (a block of a tensor read in place has no widened rows: no address into them is formed) */
+    *q = kept_rows(uk, &p->q, pl->q_direct, b, h, a, n, i0, nq, p->Dk,
+                   pl->q_direct ? NULL : ws->qwide + x * QUERY_BLOCK * p->Dk, ready, ldq);
+    *dO = kept_rows(uk, pl->dout, pl->do_direct, b, h, a, n, i0, nq, p->Dv,
+                    pl->do_direct ? NULL : ws->dowide + x * QUERY_BLOCK * p->Dv, ready, lddo);
 }
 
 static float lse_at(const bwd_plan *pl, int64_t b, int64_t h, int64_t i) {
