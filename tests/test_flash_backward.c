@@ -16,8 +16,9 @@
  * on repeated calls; and running out of memory. Levels the CPU lacks are reported as skipped.
  * The backward's own schedules are reached through its internal tuning hook
  * (sdpa__flash_backward_tuned): the one-pass schedule in several waves (bitwise the one-wave
- * result), with fewer chunks, and with several key blocks to a step (bitwise one at a time),
- * and the two kinds of task it falls back to, each by the rule and for 1 to 16 threads.
+ * result), with forced chunk counts, and with several key blocks to a step (bitwise one at a
+ * time), and the two kinds of task it falls back to, each by the rule and for 1 to 16 threads;
+ * the two schedules bitwise equal, and the budget's growth for the workers.
  */
 #include "check.h"
 #include "testutil.h"
@@ -921,9 +922,10 @@ static void test_deterministic(void) {
 /* The one-pass schedule with its dQ partials bounded (the internal hook): 4 pairs (b, kv head)
  * of 3 chunks each, run in waves of 1, 2 and 3 pairs, give bitwise the gradients of one wave
  * (waves change no sum), for any thread count; bounds too small for a pair's 3 chunks give
- * 2 chunks or two kinds of task, again the same bytes for any thread count, and by the
- * gradient rule. Then one pair in 8 chunks (causal: balanced by the rows that see each block;
- * one of them empty), in 4, in 2, and as two kinds of task. */
+ * two kinds of task, which keep the 3 chunks' sums (the chunks come from the problem, not the
+ * budget): again the same bytes, and by the gradient rule. Then one pair in 8 chunks (causal:
+ * balanced by the rows that see each block; one of them empty), in 4 and in 2 (forced), each
+ * in one pass and as two kinds of task. */
 static void test_deterministic_waves(void) {
     fb_case c = plain(6, 2, 200, 190, 40, 24);
     c.d.B = 2;
@@ -931,8 +933,7 @@ static void test_deterministic_waves(void) {
     c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
     /* A pair's key blocks (causal, bottom-right, Lq - Lk = 10) are seen by rows 10.., 74.. and
      * 138.. of 200: its 3 chunks' partials hold 3 heads x (190 + 126 + 62) rows of 40 floats
-     * rounded up to 48. With 2 chunks (the first block, then the other two) 3 x (190 + 126)
-     * rows; a budget below that leaves one chunk, one task to a wave: two kinds of task. */
+     * rounded up to 48. Budgets below that: two kinds of task. */
     const size_t pair = 3 * (190 + 126 + 62) * 48 * sizeof(float);
     const size_t whole[] = {pair, 2 * pair, 3 * pair};
     const size_t less[] = {3 * (190 + 126) * 48 * sizeof(float), pair / 2};
@@ -961,6 +962,7 @@ static void test_deterministic_waves(void) {
             t.tuned = 1;
             t.tuning.dq_budget = less[w];
             same_bytes(&impls[n], &t, what, got);
+            same_as(&impls[n], &t, want, got, what, "one wave's");
             free3(got);
         }
         free3(want);
@@ -974,18 +976,17 @@ static void test_deterministic_waves(void) {
         CHECK_MSG(run_case(name, &c), "%s", name);
     }
 
-    /* one pair, 10 key blocks: 8 chunks, or as many as fit (at most 2 x 600 x 16 floats each) */
+    /* one pair, 10 key blocks: 8, 4 and 2 chunks, in one pass and as two kinds of task */
     fb_case one = plain(2, 1, 600, 600, 16, 16);
     one.p.causal = 1;
     one.seed = 7;
-    const size_t budgets[] = {0, 2 * 600 * 16 * sizeof(float) * 3,
-                              2 * 600 * 16 * sizeof(float) * 2};
-    for (size_t w = 0; w < sizeof budgets / sizeof budgets[0] + 1; w++) {
-        one.tuned = w > 0;
-        one.tuning.dq_budget = w > 0 ? budgets[w - 1] : 0;
+    for (int x = 0; x < 6; x++) {
+        one.tuned = 1;
+        one.tuning.chunks = 8 >> (x / 2);
+        one.tuning.dq_budget = x % 2 ? 0 : (size_t)32 << 20;
         char name[64];
-        snprintf(name, sizeof name, "one pair, causal 600, %s %zu",
-                 one.tuned ? "budget" : "default", one.tuning.dq_budget);
+        snprintf(name, sizeof name, "one pair, causal 600, %d chunks, %s", one.tuning.chunks,
+                 x % 2 ? "two kinds" : "one pass");
         CHECK_MSG(run_case(name, &one), "%s", name);
         fb_tensors u;
         make_with_forward(&one, &u);
@@ -1068,9 +1069,22 @@ static void feature_stride_2(tu_tensor *x) {
     *x = y;
 }
 
+/* A context of `workers` threads at impl's level whose allocator, fa, refuses every request
+ * (it notes the largest). */
+static sdpa_ctx *refusing_ctx(const tu_impl *impl, int workers, tu_failing_alloc *fa) {
+    sdpa_ctx_params cp = {0};
+    cp.n_threads = workers;
+    cp.max_isa = impl->level;
+    cp.allocator = tu_failing_allocator(fa);
+    sdpa_ctx *ctx = NULL;
+    CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
+    fa->fail = 1;
+    return ctx;
+}
+
 /* Whether the backward of f16 Hq=8 Hkv=1 Lq=4096 Lk D=72 with `workers` threads takes the
  * widened rows by the rule: its largest request, refused (nothing runs), is larger with the
- * rule than without them. 8 chunks (the hook's budget lets every one's partials be held) of
+ * rule than without them. 8 chunks (the hook's, with a budget that holds their partials) of
  * Lk / 512 steps (key blocks one at a time); the rows take 18.9 MB a worker. */
 static int takes_widened_rows(const tu_impl *impl, int64_t lk, int workers) {
     fb_case c = plain(8, 1, 4096, lk, 72, 72);
@@ -1079,16 +1093,11 @@ static int takes_widened_rows(const tu_impl *impl, int64_t lk, int workers) {
     make(&c, &t);
     t.tuned = 1;
     t.tuning.dq_budget = (size_t)1 << 30;
+    t.tuning.chunks = 8;
     t.tuning.key_group = 1;
     t.impl = impl->impl;
     tu_failing_alloc fa = {0};
-    sdpa_ctx_params cp = {0};
-    cp.n_threads = workers;
-    cp.max_isa = impl->level;
-    cp.allocator = tu_failing_allocator(&fa);
-    sdpa_ctx *ctx = NULL;
-    CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
-    fa.fail = 1;
+    sdpa_ctx *ctx = refusing_ctx(impl, workers, &fa);
     size_t largest[2];
     for (int wide = -1; wide <= 0; wide++) {
         t.tuning.wide = wide;
@@ -1235,6 +1244,150 @@ static void test_widened_rows(void) {
     }
 }
 
+/* The case of variant v of test_schedules_agree, its tensors made and its forward run. */
+static void schedule_case(int v, fb_tensors *t) {
+    fb_case c = plain(6, 2, 200, 150, 40, 24);
+    c.p.causal = 1;
+    c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    if (v == 1) {
+        c = plain(3, 1, 150, 330, 24, 40);
+        c.p.causal = 1;
+        c.dt = SDPA_F16;
+    } else if (v == 2) {
+        c = plain(4, 2, 200, 390, 40, 24);
+        c.d.B = 2;
+        c.p.causal = 1;
+        c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+        every_feature(&c);
+    } else if (v >= 3 && v <= 5) {
+        c = plain(4, 2, 260, 257, 24, 24);
+        c.p.use_window = 1;
+        c.p.window_left = 40;
+        c.p.window_right = 20;
+        c.mask = v == 3 ? MASK_BOOL : MASK_NONE;
+        c.nan_q = v == 3 ? 70 : 0;
+        c.nan_dout = v == 3 ? 130 : 0;
+        c.p.softcap = v == 4 ? 5.0f : 0.0f;
+    } else if (v == 6) {
+        c = plain(8, 1, 300, 300, 16, 16);
+        c.p.causal = 1;
+    }
+    c.seed = 40 + (uint64_t)v;
+    make(&c, t);
+    const tu_dims d = c.d;
+    for (int64_t h = 0; h < d.Hkv; h++)
+        for (int64_t j = 0; j < d.Lk; j++)
+            for (int64_t x = 0; x < d.Dk; x++) {
+                if (v == 4 && (j == 100 || j == 201 || j == 256) && x % 5 == 0)
+                    tu_set(&t->k.t, 0, h, j, x, j == 201 ? NAN : INFINITY);
+                if (v == 5) /* f32 subnormals: dQ's terms round to +-0 and the smallest */
+                    tu_set(&t->k.t, 0, h, j, x, tu_get(&t->k.t, 0, h, j, x) * 1e-43);
+            }
+    sdpa_ctx *gen = tu_ctx(1, SDPA_ISA_GENERIC);
+    CHECK(tu_golden_forward(gen, &t->q.t, &t->k.t, &t->v.t, &t->p, &t->o.t, &t->lse.t) == SDPA_OK);
+    sdpa_ctx_destroy(gen);
+}
+
+/* The one-pass schedule and the two kinds of task sum dQ in the same order (flash_backward.c),
+ * so the choice between them may follow the workers and the memory: for each problem and
+ * chunk count (the rule's, and 1, 3 and 8 forced), the one-pass schedule (a budget that holds
+ * every partial), two kinds of task (budget 0), and the budget grown for the workers (budget
+ * 0 and `grow`: one pass on up to pairs x chunks workers, two kinds above, so that the thread
+ * counts cross from one to the other) give bitwise the same gradients at every level, for 1 to
+ * 16 threads; with the rule's chunks, sdpa_backward's too. The problems: 0, causal bottom-right
+ * with Lq > Lk (rows that see nothing, tiles that start inside key blocks); 1, f16, causal
+ * top-left with Lq < Lk, 3 query heads to one kv head; 2, bf16 with every feature; 3, a window
+ * both sides, a bool mask with rows hidden whole, NaN in a row of q and in dout; 4, the window
+ * with softcap, and Inf and NaN in keys of K that some rows of their tiles see (pv_careful and
+ * the NaN of visible zeros), one of them the last block's only key, which the rows that see it
+ * see whole while the others of their query block do not; 5, the window with K subnormal, so that
+ * dQ's chains take terms that round to -0 and to the smallest subnormals; 6, one kv head for 8
+ * query heads, causal, 5 key blocks. */
+static void test_schedules_agree(void) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int v = 0; v < 7; v++) {
+        fb_tensors t;
+        schedule_case(v, &t);
+        static const int chunks[] = {0, 1, 3, 8};
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs)
+                continue;
+            for (size_t x = 0; x < sizeof chunks / sizeof chunks[0]; x++) {
+                void *want[3], *got[3];
+                char what[80];
+                const sdpa__bwd_tuning one_pass = {(size_t)1 << 30, 0, 0, chunks[x], 0};
+                const sdpa__bwd_tuning others[2] = {{0, 0, 0, chunks[x], 0},
+                                                    {0, 0, 0, chunks[x], 1}};
+                t.tuned = 1;
+                t.tuning = one_pass;
+                snprintf(what, sizeof what, "problem %d, chunks %d, one pass", v, chunks[x]);
+                same_bytes(&impls[n], &t, what, want);
+                for (int o = 0; o < 2; o++) {
+                    t.tuning = others[o];
+                    snprintf(what, sizeof what, "problem %d, chunks %d, %s", v, chunks[x],
+                             o == 0 ? "two kinds" : "grown for the workers");
+                    same_bytes(&impls[n], &t, what, got);
+                    same_as(&impls[n], &t, want, got, what, "the one pass's");
+                    free3(got);
+                }
+                if (chunks[x] == 0) {
+                    t.tuned = 0;
+                    snprintf(what, sizeof what, "problem %d, sdpa_backward", v);
+                    same_bytes(&impls[n], &t, what, got);
+                    same_as(&impls[n], &t, want, got, what, "the one pass's");
+                    free3(got);
+                }
+                free3(want);
+            }
+        }
+        release(&t);
+    }
+}
+
+/* The largest request of the backward of t (f16 Hq=8 Hkv=1 Lq=4608 Lk=128 D=128) on `workers`
+ * threads, refused (nothing runs), with the budget allowed to grow or not. Its 2 chunks of
+ * partials take 37.7 MB, past DQ_BUDGET. */
+static size_t grown_request(const tu_impl *impl, fb_tensors *t, int workers, int grow) {
+    t->tuned = 1;
+    t->tuning = (sdpa__bwd_tuning){(size_t)32 << 20, 0, 0, 0, grow};
+    t->impl = impl->impl;
+    tu_failing_alloc fa = {0};
+    sdpa_ctx *ctx = refusing_ctx(impl, workers, &fa);
+    CHECK_INT_EQ(backward(ctx, t), SDPA_ERR_NOMEM);
+    sdpa_ctx_destroy(ctx);
+    return fa.largest;
+}
+
+/* The budget grows only to feed every worker: where a pair's partials pass DQ_BUDGET (one kv
+ * head of 8 query heads, 2 chunks of 18.9 MB), 1 and 2 workers hold them (one task each in a
+ * wave), 3 and 16 take two kinds of task (a wave would need 2 pairs), and so does any
+ * number without `grow`. */
+static void test_grown_budget(void) {
+    const size_t partials = (size_t)2 * 8 * 4608 * 128 * sizeof(float);
+    fb_case c = plain(8, 1, 4608, 128, 128, 128);
+    c.dt = SDPA_F16;
+    fb_tensors t;
+    make(&c, &t);
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int n = 0; n < n_impls; n++) {
+        if (!impls[n].runs)
+            continue;
+        static const int workers[] = {1, 2, 3, 16};
+        for (int w = 0; w < 4; w++) {
+            const size_t grown = grown_request(&impls[n], &t, workers[w], 1);
+            const size_t fixed = grown_request(&impls[n], &t, workers[w], 0);
+            CHECK_MSG(workers[w] <= 2 ? grown >= partials : grown < partials,
+                      "[%s] %d workers, grown: largest request %zu", impls[n].name, workers[w],
+                      grown);
+            CHECK_MSG(fixed < partials, "[%s] %d workers, not grown: largest request %zu",
+                      impls[n].name, workers[w], fixed);
+        }
+    }
+    release(&t);
+}
+
 /* No memory: SDPA_ERR_NOMEM naming the flash backward, nothing written, nothing leaked. */
 static void test_nomem(void) {
     tu_impl impls[TU_MAX_IMPLS];
@@ -1273,10 +1426,11 @@ static void test_nomem(void) {
 
 int main(int argc, char **argv) {
     tu_report_impls();
-    return CHECK_RUN(
-        argc, argv, CASE(test_exp_lse), CASE(test_shapes), CASE(test_causal_and_windows),
-        CASE(test_masks_softcap_alibi), CASE(test_heads), CASE(test_layouts_and_storage),
-        CASE(test_dropout), CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
-        CASE(test_deterministic), CASE(test_deterministic_waves),
-        CASE(test_deterministic_key_groups), CASE(test_widened_rows), CASE(test_nomem));
+    return CHECK_RUN(argc, argv, CASE(test_exp_lse), CASE(test_shapes),
+                     CASE(test_causal_and_windows), CASE(test_masks_softcap_alibi),
+                     CASE(test_heads), CASE(test_layouts_and_storage), CASE(test_dropout),
+                     CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
+                     CASE(test_deterministic), CASE(test_deterministic_waves),
+                     CASE(test_deterministic_key_groups), CASE(test_widened_rows),
+                     CASE(test_schedules_agree), CASE(test_grown_budget), CASE(test_nomem));
 }

@@ -26,17 +26,23 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
 
 /* What sdpa__flash_backward chooses for itself, set by the tests to reach every schedule:
  * dq_budget, the most bytes of dQ partials held at once (sdpa__flash_backward: 32 MiB; a small
- * one makes the one-pass schedule run its pairs in several waves, with fewer chunks, or fall
- * back to two kinds of task), and key_group, the key blocks a task takes together (1 to 4; 0:
- * chosen from the problem). The gradients depend on the problem and dq_budget only: never on
- * key_group or the thread count. `wide`: whether the one-pass schedule's tasks keep their rows
- * of Q and dO widened (0: chosen from the problem and the workers, > 0: in the one-pass
- * schedule wherever Q or dO is widened, whatever the steps and WIDE_MAX_BYTES, < 0: never);
- * the gradients are the same bits either way. */
+ * one makes the one-pass schedule run its pairs in several waves, or gives two kinds of task),
+ * and `grow`, whether that budget may grow (to at most 1 GiB) where it would otherwise give
+ * two kinds of task, so that one wave of the one-pass schedule feeds every worker;
+ * key_group, the key blocks a task takes together (1 to 4; 0: chosen from the problem);
+ * chunks, the chunks of key blocks per (b, kv head) pair (0: chosen from the problem alone;
+ * 1 to 8, or the key blocks if fewer: forced). The gradients depend on the problem and the
+ * chunks only: never on dq_budget, grow, key_group or the thread count, which choose between
+ * schedules that sum in the same order. `wide`: whether the one-pass schedule's tasks keep
+ * their rows of Q and dO widened (0: chosen from the problem and the workers, > 0: in the
+ * one-pass schedule wherever Q or dO is widened, whatever the steps and WIDE_MAX_BYTES, < 0:
+ * never); the gradients are the same bits either way. */
 typedef struct sdpa__bwd_tuning {
     size_t dq_budget;
     int key_group;
     int wide;
+    int chunks;
+    int grow;
 } sdpa__bwd_tuning;
 
 sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,

@@ -27,19 +27,27 @@
  * dK and dV of each block once, and sums dS K into the chunk's own f32 partial of dQ (group x
  * the rows its keys are seen by x Dk). A second loop then gives each row dQ = scale (partial_0 +
  * partial_1 + ...), the chunks in order, skipping those whose keys the row cannot see, stored once.
- * The number of chunks comes from the problem (enough for TARGET_TASKS tasks, at most MAX_CHUNKS
- * and the key blocks), never from the thread count, and so does every boundary: the results are
- * bitwise the same for any n_threads. The partials are O(group Lq Dk) per pair; the pairs run
- * in waves whose partials fit `dq_budget` bytes (DQ_BUDGET; each wave its chunk loop, then its
- * sums), so extra memory stays bounded whatever B and H. Neither waves nor key groups change
- * any sum; the tests reach them all through sdpa__flash_backward_tuned (flash.h).
+ * The number of chunks comes from the problem alone (chunk_count: enough for TARGET_TASKS tasks,
+ * at most MAX_CHUNKS and the key blocks, fewer where the partials would pass DQ_BUDGET), never
+ * from the thread count, and so does every boundary. The partials are O(group Lq Dk) per pair;
+ * the pairs run in waves whose partials fit `dq_budget` bytes (DQ_BUDGET; each wave its chunk
+ * loop, then its sums), so extra memory stays bounded whatever B and H. Neither waves nor key
+ * groups change any sum; the tests reach them all through sdpa__flash_backward_tuned (flash.h).
  *
  * The two-kind schedule, where even one pair's partials would not fit the budget with two
  * tasks to a wave (long sequences with large query groups), needs no partials and recomputes
  * S and dP instead (seven products): tasks of kind A, one per (b, kv head, key block), run
  * tile_a without dQ; tasks of kind B, one per (b, query head, query block), own those rows of
  * dQ and, per block of keys the rows see, form S, P and dP transposed as the forward does (one
- * query row per lane) and dQ += dS K with pv. Both kinds run in one parallel loop.
+ * query row per lane) and dQ += dS K with pv. Both kinds run in one parallel loop. Kind B sums
+ * dQ exactly as the one-pass schedule does, so that the two give the same bits and the choice
+ * between them may follow the workers and the memory: a chain per chunk from +0, over the
+ * chunk's whole key blocks in order, each into the rows of the block's query rows
+ * (block_rows) the task holds, with pv_careful where tile_a takes it (S, P, dP and dS are
+ * tile_a's own bits, laid out transposed; pv gives pv_t's bits); then the chains of the chunks
+ * whose rows hold the row, added in chunk order as sum_task adds them. Where the budget leaves
+ * the one-pass schedule too few tasks to feed every worker, it may grow (GROWN_BUDGET) so that
+ * a wave has one task a worker; on more workers than that, two kinds of task.
  *
  * Extra memory: Delta (B Hq Lq floats), the partials of a wave (at most dq_budget bytes), and
  * one scratch region per worker of O(block x (Dk + Dv + block)) floats, plus, where Q or dO is
@@ -102,13 +110,15 @@ enum { TARGET_TASKS = 16, MAX_CHUNKS = 8 };
 enum { MAX_KEY_GROUP = 4 };
 #define SWEEP_IN_CACHE (2.0 * 1024 * 1024)
 
-/* The most bytes of dQ partials held at once (sdpa__flash_backward). Fixed: a budget that grew
- * to one pair's partials in two chunks, so that long sequences with large query groups take
- * the one-pass schedule rather than two kinds of task, ran 1.33-1.42x faster on 2 threads
- * (B=1 Hq=8 Hkv=1 L=8192 D=128 and Hq=4 Hkv=1 L=16384), but its waves then hold two tasks,
- * which leave all workers but two idle in the chunk loop where the two-kind schedule keeps
- * every worker busy (docs/benchmarks.md, 2026-11-28). */
+/* The most bytes of dQ partials held at once (sdpa__flash_backward), and the budget that sets
+ * the chunks per pair (chunk_count). Where a wave of two tasks passes it (long sequences with
+ * large query groups), the chunks are 2 for one pair, else 1, and the budget may grow to
+ * GROWN_BUDGET for a wave that feeds every worker: such a wave holds one task a worker, and
+ * the one-pass schedule's five products beat the seven of two kinds of task (B=1 Hq=8 Hkv=1
+ * L=8192 D=128 and Hq=4 Hkv=1 L=16384 on 2 threads: 1.33-1.42x, docs/benchmarks.md,
+ * 2026-11-28); with more workers than its tasks, two kinds, which give the same bits. */
 #define DQ_BUDGET ((size_t)32 << 20)
+#define GROWN_BUDGET ((size_t)1 << 30)
 
 /* A task's query rows widened once. Where Q or dO cannot be read in place (f16, bf16, or a
  * feature stride), tile_a would widen a tile's rows for every key block it meets them with:
@@ -168,7 +178,8 @@ typedef struct bwd_scratch {
     float *vrows;  /* likewise V (KEY_BLOCK x Dv) */
     float *qrows;  /* likewise Q */
     float *dorows; /* likewise dO */
-    float *acc_k;  /* A: dK of the blocks' keys (KEY_BLOCK x dkp per block); B: dQ of its rows */
+    float *acc_k;  /* A: dK of the blocks' keys (KEY_BLOCK x dkp per block); B: a chunk's dQ */
+    float *dq_sum; /* B: dQ of its rows, the chunks so far */
     float *acc_v;  /* A: dV (KEY_BLOCK x dvp per block) */
     float *s;      /* scores, then the weights P (a tile) */
     float *dp;     /* dP, then dS */
@@ -213,6 +224,7 @@ static size_t layout(const bwd_plan *pl, char *base, bwd_scratch *ws) {
     ws->dorows = take(base, &at, pl->do_direct ? 0 : QUERY_BLOCK * dv * f);
     ws->acc_k = take(base, &at, WIDE * (size_t)pl->dkp * kg * f);
     ws->acc_v = take(base, &at, KEY_BLOCK * (size_t)pl->dvp * kg * f);
+    ws->dq_sum = take(base, &at, pl->fused ? 0 : QUERY_BLOCK * (size_t)pl->dkp * f);
     ws->s = take(base, &at, tile);
     ws->dp = take(base, &at, tile);
     ws->dst = take(base, &at, pl->fused ? tile : 0);
@@ -591,14 +603,27 @@ static void sum_task(void *arg, int64_t task, int worker) {
     }
 }
 
+/* Whether a transposed tile of weights w[jj * ld + r] holds a hidden one (-0.0) in rows r < nr
+ * of keys jj < nk. */
+static int any_hidden(const float *w, int64_t ld, int64_t nk, int64_t nr) {
+    uint32_t any = 0;
+    for (int64_t jj = 0; jj < nk; jj++)
+        for (int64_t r = 0; r < nr; r++)
+            any |= sdpa__hidden_mask(w[jj * ld + r]);
+    return any != 0;
+}
+
 /* Kind B, one tile: the task's query rows (Q^T in ws->pk, dO^T in ws->pv, their LSE and Delta
- * in ws->u and ws->dl) against keys ja .. ja + nk - 1 of kv head hk, into ws->acc_k.
- * Transposed tiles: entry (jj, r) at jj * QUERY_BLOCK + r, rows padded to rpad lanes. */
+ * in ws->u and ws->dl) against key block kb of kv head hk, into the chunk's dQ (ws->acc_k) of
+ * the rows r0 .. r0 + nr - 1 that see the block (block_rows): the rows, products and choice of
+ * pv_careful of tile_a's tile of those rows. Transposed tiles: entry (jj, r) at
+ * jj * QUERY_BLOCK + r, rows padded to rpad lanes. */
 static void tile_b(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, int64_t i0,
-                   int64_t nq, int64_t ja, int64_t nk) {
+                   int64_t nq, int64_t kb, int64_t r0, int64_t nr) {
     const sdpa__problem *p = pl->p;
     const sdpa__ukernels *uk = pl->uk;
     const int64_t hk = h / p->group, rpad = sdpa__round_up(nq, uk->lanes);
+    const int64_t ja = kb * KEY_BLOCK, nk = ja + KEY_BLOCK <= p->Lk ? KEY_BLOCK : p->Lk - ja;
     float *dsdx = p->softcap > 0.0 ? ws->dsdx : NULL;
     int64_t ldk, ldv;
     const float *k = rows_of(uk, &p->k, pl->k_direct, b, hk, ja, nk, p->Dk, ws->krows, &ldk, NULL);
@@ -618,13 +643,15 @@ static void tile_b(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
     uk->qk(nk, rpad, p->Dv, v, ldv, ws->pv, QUERY_BLOCK, 1.0f, ws->dp, QUERY_BLOCK);
     uk->ds(nk, nq, ws->dp, QUERY_BLOCK, ws->s, pl->dropout ? ws->z : NULL, dsdx, ws->dl, 1);
 
-    // dQ += dS K (scaled when stored)
-    if (hidden && sdpa__has_nonfinite(k, nk, ldk, p->Dk)) {
-        uk->pv_careful(nk, nq, p->Dk, ws->dp, QUERY_BLOCK, ws->ones, k, ldk, ws->acc_k, pl->dkp);
-        sdpa__nan_of_visible_zeros(nk, nq, p->Dk, ws->dp, ws->s, QUERY_BLOCK, 1, k, ldk, ws->acc_k,
-                                   pl->dkp);
+    // dQ += dS K (scaled when stored), rows r0 .. r0 + nr - 1; pv_careful where tile_a's tile
+    // of these rows takes it: a hidden pair among them, and a NaN or an Inf in the block's K
+    const float *ds = ws->dp + r0, *w = ws->s + r0;
+    float *acc = ws->acc_k + r0 * pl->dkp;
+    if (hidden && sdpa__has_nonfinite(k, nk, ldk, p->Dk) && any_hidden(w, QUERY_BLOCK, nk, nr)) {
+        uk->pv_careful(nk, nr, p->Dk, ds, QUERY_BLOCK, ws->ones, k, ldk, acc, pl->dkp);
+        sdpa__nan_of_visible_zeros(nk, nr, p->Dk, ds, w, QUERY_BLOCK, 1, k, ldk, acc, pl->dkp);
     } else
-        uk->pv(nk, nq, p->Dk, ws->dp, QUERY_BLOCK, ws->ones, k, ldk, ws->acc_k, pl->dkp);
+        uk->pv(nk, nr, p->Dk, ds, QUERY_BLOCK, ws->ones, k, ldk, acc, pl->dkp);
 }
 
 static void task_b(const bwd_plan *pl, int64_t task, int worker) {
@@ -650,16 +677,41 @@ static void task_b(const bwd_plan *pl, int64_t task, int worker) {
     rows_of(uk, pl->dout, pl->do_direct, b, h, i0, nq, p->Dv, ws.dorows, &ld, ws.rowp);
     uk->pack_q(nq, p->Dv, ws.rowp, ws.pv, QUERY_BLOCK);
 
-    int64_t jlo, jhi;
-    sdpa__block_keys(p, i0, i0 + nq, &jlo, &jhi);
-    for (int64_t j0 = jlo / KEY_BLOCK * KEY_BLOCK; j0 < jhi; j0 += KEY_BLOCK) {
-        const int64_t ja = j0 > jlo ? j0 : jlo, jb = j0 + KEY_BLOCK < jhi ? j0 + KEY_BLOCK : jhi;
-        tile_b(pl, &ws, b, h, i0, nq, ja, jb - ja);
+    /* Per chunk whose rows [lo, hi) hold some of the task's: its blocks' chains from +0 in
+     * ws.acc_k, then each of those rows' chain added to dq_sum as sum_task adds the partials
+     * (the first taken as it is), and its chain cleared for the next chunk. */
+    unsigned char started[QUERY_BLOCK] = {0};
+    for (int c = 0; c < pl->n_chunks; c++) {
+        const int64_t lo = pl->chunk_lo[c] > i0 ? pl->chunk_lo[c] : i0;
+        const int64_t hi = pl->chunk_hi[c] < i0 + nq ? pl->chunk_hi[c] : i0 + nq;
+        if (lo >= hi)
+            continue;
+        for (int64_t kb = pl->chunk_kb[c]; kb < pl->chunk_kb[c + 1]; kb++) {
+            int64_t first, last;
+            block_rows(pl, kb, &first, &last);
+            const int64_t r0 = first > i0 ? first : i0, r1 = last < i0 + nq ? last : i0 + nq;
+            if (r0 < r1)
+                tile_b(pl, &ws, b, h, i0, nq, kb, r0 - i0, r1 - r0);
+        }
+        for (int64_t r = lo - i0; r < hi - i0; r++) {
+            float *chain = ws.acc_k + r * pl->dkp, *sum = ws.dq_sum + r * pl->dkp;
+            if (started[r])
+                for (int64_t col = 0; col < p->Dk; col++)
+                    sum[col] = sum[col] + chain[col];
+            else
+                memcpy(sum, chain, (size_t)p->Dk * sizeof(float));
+            started[r] = 1;
+            memset(chain, 0, (size_t)p->Dk * sizeof(float));
+        }
     }
 
-    for (int64_t r = 0; r < nq; r++)
-        uk->store_row((int)pl->dq->dtype, p->Dk, ws.acc_k + r * pl->dkp, (float)p->scale,
+    for (int64_t r = 0; r < nq; r++) {
+        float *sum = ws.dq_sum + r * pl->dkp;
+        if (!started[r]) /* no chunk's keys reach the row: 0, as sum_task stores it */
+            memset(sum, 0, (size_t)p->Dk * sizeof(float));
+        uk->store_row((int)pl->dq->dtype, p->Dk, sum, (float)p->scale,
                       (void *)sdpa__row_at(pl->dq, b, h, i0 + r), pl->dq->stride[3]);
+    }
 }
 
 /* The two-kind schedule's loop: tasks of kind A (one per key block of each pair), then of
@@ -699,8 +751,8 @@ static void delta_task(void *arg, int64_t task, int worker) {
 /* Splits a pair's key blocks into n chunks of about equal work (a block's work: the query rows
  * that see it, times the group; chunk c starts at the first block before which the work done
  * reaches c/n of the total) and finds each chunk's rows. @return the bytes of one pair's
- * partials, as a double: the offsets (chunk_at) are set only when that fits `budget`. */
-static double plan_chunks(bwd_plan *pl, int n, size_t budget) {
+ * partials, as a double: the offsets (chunk_at) are set only when they fit an int64_t. */
+static double plan_chunks(bwd_plan *pl, int n) {
     const sdpa__problem *p = pl->p;
     int64_t total = 0, first, last;
     for (int64_t kb = 0; kb < pl->n_kb; kb++) {
@@ -734,7 +786,7 @@ static double plan_chunks(bwd_plan *pl, int n, size_t budget) {
     }
     pl->n_chunks = n;
     const double bytes = (double)p->group * (double)all_rows * (double)pl->dkp * sizeof(float);
-    if (bytes <= (double)budget) {
+    if (bytes <= 0x1p62) {
         pl->chunk_at[0] = 0;
         for (c = 0; c < n; c++)
             pl->chunk_at[c + 1] =
@@ -743,27 +795,56 @@ static double plan_chunks(bwd_plan *pl, int n, size_t budget) {
     return bytes;
 }
 
-/* Chooses the schedule: one pass with as many chunks as TARGET_TASKS asks (at most MAX_CHUNKS
- * and the key blocks), or fewer where one pair's partials would not fit the budget, and as
- * many pairs to a wave as fit, up to TARGET_TASKS tasks; kinds A and B where no wave of two
- * tasks fits (unless the problem has only one key block of one pair). Depends on the problem
- * and the budget alone. */
-static void plan_schedule(bwd_plan *pl, size_t budget) {
+/* The pairs a wave of the one-pass schedule holds with n chunks of `bytes` each pair, within
+ * `budget`: up to TARGET_TASKS tasks; 0 where no wave of two tasks fits (unless the problem
+ * has but one task). */
+static int64_t wave_pairs(const bwd_plan *pl, int n, double bytes, size_t budget) {
+    const int64_t pairs = pl->p->B * pl->p->Hkv, enough = (TARGET_TASKS + n - 1) / n;
+    const int64_t most = enough < pairs ? enough : pairs;
+    const double fit = bytes > 0.0 ? floor((double)budget / bytes) : (double)pairs;
+    const int64_t wave = fit >= (double)most ? most : (int64_t)fit;
+    return wave >= 1 && (wave * n >= 2 || pairs * pl->n_kb < 2) ? wave : 0;
+}
+
+/* The chunks of a pair, from the problem alone: as many as TARGET_TASKS asks (at most
+ * MAX_CHUNKS and the key blocks), or the most for which a wave of two tasks fits DQ_BUDGET;
+ * where none does, 1 (several pairs) or 2 (one pair, which then takes two tasks). Leaves
+ * the chunks planned. */
+static int chunk_count(bwd_plan *pl) {
     const int64_t pairs = pl->p->B * pl->p->Hkv;
     int64_t most = (TARGET_TASKS + pairs - 1) / pairs;
     most = most < MAX_CHUNKS ? most : MAX_CHUNKS;
     most = most < pl->n_kb ? most : pl->n_kb;
-    for (int n = (int)most; n >= 1; n--) {
-        const double bytes = plan_chunks(pl, n, budget);
-        const double fit = bytes > 0.0 ? floor((double)budget / bytes) : (double)pairs;
-        const int64_t enough = (TARGET_TASKS + n - 1) / n,
-                      most_pairs = enough < pairs ? enough : pairs;
-        const int64_t wave = fit >= (double)most_pairs ? most_pairs : (int64_t)fit;
-        if (wave >= 1 && (wave * n >= 2 || pairs * most < 2)) {
-            pl->fused = 1;
-            pl->wave_pairs = wave;
-            return;
-        }
+    for (int n = (int)most; n >= 1; n--)
+        if (wave_pairs(pl, n, plan_chunks(pl, n), DQ_BUDGET) >= 1)
+            return n;
+    const int n = pairs >= 2 || most < 2 ? 1 : 2;
+    plan_chunks(pl, n);
+    return n;
+}
+
+/* Chooses the schedule for `workers`: the one-pass one with the problem's chunks (or the
+ * forced ones) in waves that fit the budget; else, with `grow`, in waves of one task a worker
+ * whose partials take at most GROWN_BUDGET; else kinds A and B. Both give the same bits, so
+ * the choice may follow the workers and the budget; the chunks may not. */
+static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int workers) {
+    const int64_t pairs = pl->p->B * pl->p->Hkv;
+    int n = tuning->chunks;
+    if (n >= 1) {
+        n = n < MAX_CHUNKS ? n : MAX_CHUNKS;
+        n = n < pl->n_kb ? n : (int)pl->n_kb;
+    } else {
+        n = chunk_count(pl);
+    }
+    const double bytes = plan_chunks(pl, n);
+    pl->fused = 1;
+    pl->wave_pairs = wave_pairs(pl, n, bytes, tuning->dq_budget);
+    if (pl->wave_pairs >= 1)
+        return;
+    const int64_t need = (workers + n - 1) / n; /* pairs for one task a worker */
+    if (tuning->grow && need <= pairs && (double)need * bytes <= (double)GROWN_BUDGET) {
+        pl->wave_pairs = need;
+        return;
     }
     pl->fused = 0;
 }
@@ -834,8 +915,8 @@ sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,
         pl.threshold = sdpa__dropout_threshold(p->dropout_p);
         sdpa__dropout_key(p->dropout_seed, p->dropout_offset, pl.key);
     }
-    plan_schedule(&pl, tuning->dq_budget);
     const int workers = sdpa__n_workers(ctx);
+    plan_schedule(&pl, tuning, workers);
     const int64_t pairs = p->B * p->Hkv;
     plan_wide(&pl, workers, tuning->wide);
 
@@ -885,6 +966,6 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
                                  const sdpa_tensor *out, const sdpa_tensor *lse,
                                  const sdpa_tensor *dout, sdpa_tensor *dq, sdpa_tensor *dk,
                                  sdpa_tensor *dv) {
-    const sdpa__bwd_tuning tuning = {DQ_BUDGET, 0, 0};
+    const sdpa__bwd_tuning tuning = {DQ_BUDGET, 0, 0, 0, 1};
     return sdpa__flash_backward_tuned(self, ctx, p, out, lse, dout, dq, dk, dv, &tuning);
 }
