@@ -477,8 +477,10 @@ SDPA_API sdpa_status sdpa_forward_kv(sdpa_ctx *ctx, const sdpa_tensor *q,
  * once. The tiled kernels read out and lse as FlashAttention-2 does (the weights are
  * recomputed as exp(s - lse), and out enters through rowsum(dout * out)), so they must be
  * what sdpa_forward wrote for these arguments: a row whose lse is -inf is taken as fully
- * masked, one whose lse is NaN as a NaN row. Extra memory is O(B x Hq x Lq) plus a tile per
- * thread, never Lq x Lk.
+ * masked, one whose lse is NaN as a NaN row. Extra memory is O(B x Hq x Lq) floats, partial
+ * sums of dq in f32 (at most 32 MiB; where that would leave threads idle, on long sequences
+ * with large query groups, at most 1 GiB: one or two query groups' dq per thread,
+ * left out if the allocator refuses them), and a tile per thread: never Lq x Lk.
  *
  * @return as for sdpa_forward; on error dq, dk and dv are untouched.
  */

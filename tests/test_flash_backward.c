@@ -1069,15 +1069,21 @@ static void feature_stride_2(tu_tensor *x) {
     *x = y;
 }
 
-/* A context of `workers` threads at impl's level whose allocator, fa, refuses every request
- * (it notes the largest). */
-static sdpa_ctx *refusing_ctx(const tu_impl *impl, int workers, tu_failing_alloc *fa) {
+/* A context of `workers` threads at impl's level whose allocator is fa (it notes the largest
+ * request, and refuses as fa says). */
+static sdpa_ctx *counting_ctx(const tu_impl *impl, int workers, tu_failing_alloc *fa) {
     sdpa_ctx_params cp = {0};
     cp.n_threads = workers;
     cp.max_isa = impl->level;
     cp.allocator = tu_failing_allocator(fa);
     sdpa_ctx *ctx = NULL;
     CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
+    return ctx;
+}
+
+/* The same, refusing every request from now on. */
+static sdpa_ctx *refusing_ctx(const tu_impl *impl, int workers, tu_failing_alloc *fa) {
+    sdpa_ctx *ctx = counting_ctx(impl, workers, fa);
     fa->fail = 1;
     return ctx;
 }
@@ -1202,12 +1208,7 @@ static void test_widened_rows(void) {
                 continue;
             t.impl = impls[n].impl;
             tu_failing_alloc fa = {0};
-            sdpa_ctx_params cp = {0};
-            cp.n_threads = 2;
-            cp.max_isa = impls[n].level;
-            cp.allocator = tu_failing_allocator(&fa);
-            sdpa_ctx *ctx = NULL;
-            CHECK_INT_EQ(sdpa_ctx_create(&cp, &ctx), SDPA_OK);
+            sdpa_ctx *ctx = counting_ctx(&impls[n], 2, &fa);
             size_t largest[2];
             void *want[3];
             tu_tensor *got[3] = {&t.dq, &t.dk, &t.dv};
@@ -1244,6 +1245,27 @@ static void test_widened_rows(void) {
     }
 }
 
+/* The gradients of t at one level on `threads` threads, one call: compared with want[] where it
+ * holds them, else copied there (the caller frees them). */
+static void bytes_on(const tu_impl *impl, fb_tensors *t, int threads, const char *what,
+                     void *want[3]) {
+    tu_tensor *got[3] = {&t->dq, &t->dk, &t->dv};
+    t->impl = impl->impl;
+    sdpa_ctx *ctx = tu_ctx(threads, impl->level);
+    CHECK_INT_EQ(backward(ctx, t), SDPA_OK);
+    sdpa_ctx_destroy(ctx);
+    for (int x = 0; x < 3; x++) {
+        if (want[x] == NULL) {
+            want[x] = malloc(got[x]->bytes);
+            memcpy(want[x], got[x]->buf, got[x]->bytes);
+        } else {
+            CHECK_MSG(memcmp(want[x], got[x]->buf, got[x]->bytes) == 0,
+                      "[%s] %s, %d threads: gradient %d differs from the first run's", impl->name,
+                      what, threads, x);
+        }
+    }
+}
+
 /* The case of variant v of test_schedules_agree, its tensors made and its forward run. */
 static void schedule_case(int v, fb_tensors *t) {
     fb_case c = plain(6, 2, 200, 150, 40, 24);
@@ -1271,6 +1293,12 @@ static void schedule_case(int v, fb_tensors *t) {
     } else if (v == 6) {
         c = plain(8, 1, 300, 300, 16, 16);
         c.p.causal = 1;
+    } else if (v == 7) {
+        c = plain(2, 1, 300, 300, 16, 16);
+        c.p.use_window = 1;
+        c.p.window_left = 200;
+        c.p.window_right = 200;
+        c.p.softcap = 5.0f;
     }
     c.seed = 40 + (uint64_t)v;
     make(&c, t);
@@ -1282,6 +1310,8 @@ static void schedule_case(int v, fb_tensors *t) {
                     tu_set(&t->k.t, 0, h, j, x, j == 201 ? NAN : INFINITY);
                 if (v == 5) /* f32 subnormals: dQ's terms round to +-0 and the smallest */
                     tu_set(&t->k.t, 0, h, j, x, tu_get(&t->k.t, 0, h, j, x) * 1e-43);
+                if (v == 7 && (j == 10 || j == 250) && x == 0)
+                    tu_set(&t->k.t, 0, h, j, x, INFINITY);
             }
     sdpa_ctx *gen = tu_ctx(1, SDPA_ISA_GENERIC);
     CHECK(tu_golden_forward(gen, &t->q.t, &t->k.t, &t->v.t, &t->p, &t->o.t, &t->lse.t) == SDPA_OK);
@@ -1291,65 +1321,63 @@ static void schedule_case(int v, fb_tensors *t) {
 /* The one-pass schedule and the two kinds of task sum dQ in the same order (flash_backward.c),
  * so the choice between them may follow the workers and the memory: for each problem and
  * chunk count (the rule's, and 1, 3 and 8 forced), the one-pass schedule (a budget that holds
- * every partial), two kinds of task (budget 0), and the budget grown for the workers (budget
- * 0 and `grow`: one pass on up to pairs x chunks workers, two kinds above, so that the thread
- * counts cross from one to the other) give bitwise the same gradients at every level, for 1 to
- * 16 threads; with the rule's chunks, sdpa_backward's too. The problems: 0, causal bottom-right
- * with Lq > Lk (rows that see nothing, tiles that start inside key blocks); 1, f16, causal
- * top-left with Lq < Lk, 3 query heads to one kv head; 2, bf16 with every feature; 3, a window
- * both sides, a bool mask with rows hidden whole, NaN in a row of q and in dout; 4, the window
- * with softcap, and Inf and NaN in keys of K that some rows of their tiles see (pv_careful and
- * the NaN of visible zeros), one of them the last block's only key, which the rows that see it
+ * every partial; 3 threads), two kinds of task (budget 0; 2 threads), and the budget grown for
+ * the workers (budget 0 and `grow`: one pass on up to pairs x chunks workers, two kinds above;
+ * 1, 2, 3 and 16 threads, which cross from one to the other) give bitwise the same gradients
+ * at every level; with the rule's chunks, sdpa_backward's too (2 and 3 threads). The problems: 0,
+ * causal bottom-right with Lq > Lk (rows that see nothing, tiles that start inside key blocks); 1,
+ * f16, causal top-left with Lq < Lk, 3 query heads to one kv head; 2, bf16 with every feature; 3, a
+ * window both sides, a bool mask with rows hidden whole, NaN in a row of q and in dout; 4, the
+ * window with softcap, and Inf and NaN in keys of K that some rows of their tiles see (pv_careful
+ * and the NaN of visible zeros), one of them the last block's only key, which the rows that see it
  * see whole while the others of their query block do not; 5, the window with K subnormal, so that
  * dQ's chains take terms that round to -0 and to the smallest subnormals; 6, one kv head for 8
- * query heads, causal, 5 key blocks. */
+ * query heads, causal, 5 key blocks; 7, a wide window with softcap and +Inf in two keys of K,
+ * so that a row's chunks hold NaNs of both signs (the NaN of a visible zero weight, and 0 x Inf
+ * in pv), which the chunks' sums must add alike. */
 static void test_schedules_agree(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
-    for (int v = 0; v < 7; v++) {
+    for (int v = 0; v < 8; v++) {
         fb_tensors t;
         schedule_case(v, &t);
-        static const int chunks[] = {0, 1, 3, 8};
+        static const int chunks[] = {0, 1, 3, 8}, grown_threads[] = {1, 2, 3, 16};
         for (int n = 0; n < n_impls; n++) {
             if (!impls[n].runs)
                 continue;
             for (size_t x = 0; x < sizeof chunks / sizeof chunks[0]; x++) {
-                void *want[3], *got[3];
+                void *want[3] = {NULL, NULL, NULL};
                 char what[80];
-                const sdpa__bwd_tuning one_pass = {(size_t)1 << 30, 0, 0, chunks[x], 0};
-                const sdpa__bwd_tuning others[2] = {{0, 0, 0, chunks[x], 0},
-                                                    {0, 0, 0, chunks[x], 1}};
                 t.tuned = 1;
-                t.tuning = one_pass;
+                t.tuning = (sdpa__bwd_tuning){(size_t)1 << 30, 0, 0, chunks[x], 0};
                 snprintf(what, sizeof what, "problem %d, chunks %d, one pass", v, chunks[x]);
-                same_bytes(&impls[n], &t, what, want);
-                for (int o = 0; o < 2; o++) {
-                    t.tuning = others[o];
-                    snprintf(what, sizeof what, "problem %d, chunks %d, %s", v, chunks[x],
-                             o == 0 ? "two kinds" : "grown for the workers");
-                    same_bytes(&impls[n], &t, what, got);
-                    same_as(&impls[n], &t, want, got, what, "the one pass's");
-                    free3(got);
-                }
+                bytes_on(&impls[n], &t, 3, what, want);
+                t.tuning.dq_budget = 0;
+                snprintf(what, sizeof what, "problem %d, chunks %d, two kinds", v, chunks[x]);
+                bytes_on(&impls[n], &t, 2, what, want);
+                t.tuning.grow = 1;
+                snprintf(what, sizeof what, "problem %d, chunks %d, grown", v, chunks[x]);
+                for (int g = 0; g < 4; g++)
+                    bytes_on(&impls[n], &t, grown_threads[g], what, want);
                 if (chunks[x] == 0) {
                     t.tuned = 0;
                     snprintf(what, sizeof what, "problem %d, sdpa_backward", v);
-                    same_bytes(&impls[n], &t, what, got);
-                    same_as(&impls[n], &t, want, got, what, "the one pass's");
-                    free3(got);
+                    bytes_on(&impls[n], &t, 2, what, want);
+                    bytes_on(&impls[n], &t, 3, what, want);
                 }
                 free3(want);
             }
+            printf("    schedules [%s] problem %d: the same bytes\n", impls[n].name, v);
         }
         release(&t);
     }
 }
 
 /* The largest request of the backward of t (f16 Hq=8 Hkv=1 Lq=4608 Lk=128 D=128) on `workers`
- * threads, refused (nothing runs), with the budget allowed to grow or not. Its 2 chunks of
- * partials take 37.7 MB, past DQ_BUDGET. */
+ * threads, refused (nothing runs), with the budget allowed to grow or not (grow < 0:
+ * sdpa_backward, as it chooses). Its 2 chunks of partials take 37.7 MB, past DQ_BUDGET. */
 static size_t grown_request(const tu_impl *impl, fb_tensors *t, int workers, int grow) {
-    t->tuned = 1;
+    t->tuned = grow >= 0;
     t->tuning = (sdpa__bwd_tuning){(size_t)32 << 20, 0, 0, 0, grow};
     t->impl = impl->impl;
     tu_failing_alloc fa = {0};
@@ -1360,9 +1388,9 @@ static size_t grown_request(const tu_impl *impl, fb_tensors *t, int workers, int
 }
 
 /* The budget grows only to feed every worker: where a pair's partials pass DQ_BUDGET (one kv
- * head of 8 query heads, 2 chunks of 18.9 MB), 1 and 2 workers hold them (one task each in a
- * wave), 3 and 16 take two kinds of task (a wave would need 2 pairs), and so does any
- * number without `grow`. */
+ * head of 8 query heads, 2 chunks of 18.9 MB), 1 and 2 workers hold them (a wave of that one
+ * pair, 2 tasks), 3 and 16 take two kinds of task (a wave would need 2 and 8 pairs), and so
+ * does any number without `grow`; sdpa_backward grows it as the hook's `grow` does. */
 static void test_grown_budget(void) {
     const size_t partials = (size_t)2 * 8 * 4608 * 128 * sizeof(float);
     fb_case c = plain(8, 1, 4608, 128, 128, 128);
@@ -1378,12 +1406,71 @@ static void test_grown_budget(void) {
         for (int w = 0; w < 4; w++) {
             const size_t grown = grown_request(&impls[n], &t, workers[w], 1);
             const size_t fixed = grown_request(&impls[n], &t, workers[w], 0);
+            const size_t public = grown_request(&impls[n], &t, workers[w], -1);
             CHECK_MSG(workers[w] <= 2 ? grown >= partials : grown < partials,
                       "[%s] %d workers, grown: largest request %zu", impls[n].name, workers[w],
                       grown);
             CHECK_MSG(fixed < partials, "[%s] %d workers, not grown: largest request %zu",
                       impls[n].name, workers[w], fixed);
+            CHECK_MSG(public == grown,
+                      "[%s] %d workers: sdpa_backward's largest request %zu, the hook's %zu",
+                      impls[n].name, workers[w], public, grown);
         }
+    }
+    release(&t);
+}
+
+/* Partials refused by the allocator: the one-pass schedule's request (its partials) passes the
+ * allocator's limit, set to the two-kind schedule's largest request, and the call runs as two
+ * kinds of task: SDPA_OK, one refusal, and bitwise the gradients of the one pass, for a budget
+ * the hook sets and for one grown for the workers. */
+static void test_partials_refused(void) {
+    fb_case c = plain(4, 1, 300, 290, 32, 32);
+    c.p.causal = 1;
+    c.p.align = SDPA_ALIGN_BOTTOM_RIGHT;
+    c.dt = SDPA_BF16;
+    c.seed = 21;
+    fb_tensors t;
+    make_with_forward(&c, &t);
+    t.tuned = 1;
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int n = 0; n < n_impls; n++) {
+        if (!impls[n].runs)
+            continue;
+        t.impl = impls[n].impl;
+        tu_failing_alloc fa = {0};
+        sdpa_ctx *ctx = counting_ctx(&impls[n], 2, &fa);
+        t.tuning = (sdpa__bwd_tuning){0, 0, 0, 0, 0};
+        CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
+        const size_t two_kinds = fa.largest;
+        const sdpa__bwd_tuning one_pass[2] = {{(size_t)1 << 30, 0, 0, 0, 0}, {0, 0, 0, 0, 1}};
+        for (int g = 0; g < 2; g++) {
+            void *want[3];
+            tu_tensor *got[3] = {&t.dq, &t.dk, &t.dv};
+            t.tuning = one_pass[g];
+            fa.limit = 0;
+            fa.largest = 0;
+            CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
+            CHECK_MSG(fa.largest > two_kinds, "[%s] %s: one pass's request %zu, two kinds' %zu",
+                      impls[n].name, g ? "grown" : "budget", fa.largest, two_kinds);
+            for (int x = 0; x < 3; x++) {
+                want[x] = malloc(got[x]->bytes);
+                memcpy(want[x], got[x]->buf, got[x]->bytes);
+            }
+            fa.limit = two_kinds;
+            fa.refused = 0;
+            tu_fill_canary(&t.dq);
+            CHECK_INT_EQ(backward(ctx, &t), SDPA_OK);
+            CHECK_INT_EQ(fa.refused, 1);
+            for (int x = 0; x < 3; x++)
+                CHECK_MSG(memcmp(want[x], got[x]->buf, got[x]->bytes) == 0,
+                          "[%s] %s, partials refused: gradient %d differs from the one pass's",
+                          impls[n].name, g ? "grown" : "budget", x);
+            free3(want);
+        }
+        sdpa_ctx_destroy(ctx);
+        CHECK_INT_EQ(fa.outstanding, 0);
     }
     release(&t);
 }
@@ -1426,11 +1513,11 @@ static void test_nomem(void) {
 
 int main(int argc, char **argv) {
     tu_report_impls();
-    return CHECK_RUN(argc, argv, CASE(test_exp_lse), CASE(test_shapes),
-                     CASE(test_causal_and_windows), CASE(test_masks_softcap_alibi),
-                     CASE(test_heads), CASE(test_layouts_and_storage), CASE(test_dropout),
-                     CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
-                     CASE(test_deterministic), CASE(test_deterministic_waves),
-                     CASE(test_deterministic_key_groups), CASE(test_widened_rows),
-                     CASE(test_schedules_agree), CASE(test_grown_budget), CASE(test_nomem));
+    return CHECK_RUN(
+        argc, argv, CASE(test_exp_lse), CASE(test_shapes), CASE(test_causal_and_windows),
+        CASE(test_masks_softcap_alibi), CASE(test_heads), CASE(test_layouts_and_storage),
+        CASE(test_dropout), CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
+        CASE(test_deterministic), CASE(test_deterministic_waves),
+        CASE(test_deterministic_key_groups), CASE(test_widened_rows), CASE(test_schedules_agree),
+        CASE(test_grown_budget), CASE(test_partials_refused), CASE(test_nomem));
 }

@@ -45,11 +45,13 @@
  * chunk's whole key blocks in order, each into the rows of the block's query rows
  * (block_rows) the task holds, with pv_careful where tile_a takes it (S, P, dP and dS are
  * tile_a's own bits, laid out transposed; pv gives pv_t's bits); then the chains of the chunks
- * whose rows hold the row, added in chunk order as sum_task adds them. Where the budget leaves
- * the one-pass schedule too few tasks to feed every worker, it may grow (GROWN_BUDGET) so that
- * a wave has one task a worker; on more workers than that, two kinds of task.
+ * whose rows hold the row, added in chunk order as sum_task adds them (add_chains). Where the
+ * budget leaves no wave of two tasks, it may grow (GROWN_BUDGET) to a wave with a task for
+ * every worker; where no such wave fits (more workers than the pairs' tasks, or past
+ * GROWN_BUDGET) or the allocator refuses the partials, two kinds of task.
  *
- * Extra memory: Delta (B Hq Lq floats), the partials of a wave (at most dq_budget bytes), and
+ * Extra memory: Delta (B Hq Lq floats), the partials of a wave (at most dq_budget bytes, or
+ * GROWN_BUDGET where the budget grew: at most 2 group Lq Dk floats a pair, a pair a task), and
  * one scratch region per worker of O(block x (Dk + Dv + block)) floats, plus, where Q or dO is
  * widened, a chunk's rows of them (whole query blocks: at most group x n_qb QUERY_BLOCK x
  * (Dk + Dv) floats; WIDE_MAX_BYTES in all).
@@ -112,11 +114,12 @@ enum { MAX_KEY_GROUP = 4 };
 
 /* The most bytes of dQ partials held at once (sdpa__flash_backward), and the budget that sets
  * the chunks per pair (chunk_count). Where a wave of two tasks passes it (long sequences with
- * large query groups), the chunks are 2 for one pair, else 1, and the budget may grow to
- * GROWN_BUDGET for a wave that feeds every worker: such a wave holds one task a worker, and
- * the one-pass schedule's five products beat the seven of two kinds of task (B=1 Hq=8 Hkv=1
- * L=8192 D=128 and Hq=4 Hkv=1 L=16384 on 2 threads: 1.33-1.42x, docs/benchmarks.md,
- * 2026-11-28); with more workers than its tasks, two kinds, which give the same bits. */
+ * large query groups), the chunks are 2 for a single pair of several key blocks, else 1, and
+ * the budget may grow to GROWN_BUDGET for a wave with a task for every worker, where the
+ * one-pass schedule's five products beat the seven of two kinds of task (B=1 Hq=8 Hkv=1
+ * L=8192 D=128 and Hq=4 Hkv=1 L=16384 on 2 threads: 1.36-1.41x, docs/benchmarks.md,
+ * 2026-11-28, 01:08 UTC); with more workers than the pairs' tasks, two kinds, which give the
+ * same bits. */
 #define DQ_BUDGET ((size_t)32 << 20)
 #define GROWN_BUDGET ((size_t)1 << 30)
 
@@ -566,6 +569,15 @@ static void chunk_task(void *arg, int64_t task, int worker) {
     }
 }
 
+/* sum[c] = a[c] + b[c] for c < n (sum may be a or b), where a NaN of a wins over one of b: x86
+ * returns the first operand's NaN where both are NaN, and which operand comes first is the
+ * compiler's (it vectorises the loop), so sum_task and kind B, which add the same chunks'
+ * chains, would otherwise give the same NaN with different signs. */
+static void add_chains(float *sum, const float *a, const float *b, int64_t n) {
+    for (int64_t c = 0; c < n; c++)
+        sum[c] = a[c] != a[c] ? a[c] : a[c] + b[c];
+}
+
 /* One-pass, second loop: task = (pair of the wave, head of its group, block of queries);
  * each row's dQ = scale (partial_0 + partial_1 + ...) over the chunks whose keys it may see,
  * in chunk order, stored once (0 where there are none). */
@@ -590,8 +602,7 @@ static void sum_task(void *arg, int64_t task, int worker) {
                 row = x;
                 continue;
             }
-            for (int64_t col = 0; col < p->Dk; col++)
-                sum[col] = row[col] + x[col];
+            add_chains(sum, row, x, p->Dk);
             row = sum;
         }
         if (row == NULL) {
@@ -696,8 +707,7 @@ static void task_b(const bwd_plan *pl, int64_t task, int worker) {
         for (int64_t r = lo - i0; r < hi - i0; r++) {
             float *chain = ws.acc_k + r * pl->dkp, *sum = ws.dq_sum + r * pl->dkp;
             if (started[r])
-                for (int64_t col = 0; col < p->Dk; col++)
-                    sum[col] = sum[col] + chain[col];
+                add_chains(sum, sum, chain, p->Dk);
             else
                 memcpy(sum, chain, (size_t)p->Dk * sizeof(float));
             started[r] = 1;
@@ -808,8 +818,8 @@ static int64_t wave_pairs(const bwd_plan *pl, int n, double bytes, size_t budget
 
 /* The chunks of a pair, from the problem alone: as many as TARGET_TASKS asks (at most
  * MAX_CHUNKS and the key blocks), or the most for which a wave of two tasks fits DQ_BUDGET;
- * where none does, 1 (several pairs) or 2 (one pair, which then takes two tasks). Leaves
- * the chunks planned. */
+ * where none does, 1 (several pairs, or one pair of one key block) or 2 (one pair, which then
+ * takes two tasks). Leaves the chunks planned. */
 static int chunk_count(bwd_plan *pl) {
     const int64_t pairs = pl->p->B * pl->p->Hkv;
     int64_t most = (TARGET_TASKS + pairs - 1) / pairs;
@@ -824,8 +834,9 @@ static int chunk_count(bwd_plan *pl) {
 }
 
 /* Chooses the schedule for `workers`: the one-pass one with the problem's chunks (or the
- * forced ones) in waves that fit the budget; else, with `grow`, in waves of one task a worker
- * whose partials take at most GROWN_BUDGET; else kinds A and B. Both give the same bits, so
+ * forced ones) in waves that fit the budget; else, with `grow`, in waves of the fewest pairs
+ * whose tasks are at least the workers, if the pairs are that many and their partials take at
+ * most GROWN_BUDGET; else kinds A and B. Both give the same bits, so
  * the choice may follow the workers and the budget; the chunks may not. */
 static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int workers) {
     const int64_t pairs = pl->p->B * pl->p->Hkv;
@@ -841,7 +852,7 @@ static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int work
     pl->wave_pairs = wave_pairs(pl, n, bytes, tuning->dq_budget);
     if (pl->wave_pairs >= 1)
         return;
-    const int64_t need = (workers + n - 1) / n; /* pairs for one task a worker */
+    const int64_t need = (workers + n - 1) / n; /* pairs for a task for every worker */
     if (tuning->grow && need <= pairs && (double)need * bytes <= (double)GROWN_BUDGET) {
         pl->wave_pairs = need;
         return;
@@ -920,27 +931,32 @@ sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,
     const int64_t pairs = p->B * p->Hkv;
     plan_wide(&pl, workers, tuning->wide);
 
-    /* Delta's B Hq Lq floats first, then a wave's partials (at most dq_budget bytes), then the
-     * workers' regions: all reserved before anything is written. B Hq Lq Dk elements of dq
-     * exist (an output never overlaps itself), so the product fits; the sum is checked anyway,
-     * a failure being reported as what it is. */
+    /* Delta's B Hq Lq floats first, then a wave's partials (at most dq_budget bytes, or
+     * GROWN_BUDGET where the budget grew), then the workers' regions: all reserved before
+     * anything is written. B Hq Lq Dk elements of dq exist (an output never overlaps itself),
+     * so the product fits; the sum is checked anyway, a failure being reported as what it is.
+     * Where the allocator refuses, the widened rows are left out, then the partials (two kinds
+     * of task): the same bits each time. */
     const uint64_t rows = (uint64_t)p->B * (uint64_t)p->Hq * (uint64_t)p->Lq;
     const size_t delta_bytes = (size_t)sdpa__round_up((int64_t)(rows * sizeof(float)), 64);
-    const size_t part_bytes =
-        pl.fused
-            ? ((size_t)(pl.wave_pairs * pl.chunk_at[pl.n_chunks]) * sizeof(float) + 63) / 64 * 64
-            : 0;
-    const size_t fixed = delta_bytes + part_bytes;
     bwd_scratch unused;
-    size_t bytes = 0;
+    size_t bytes = 0, fixed = 0;
     char *mem = NULL;
-    for (;;) { /* with the widened rows, then without them if the allocator refuses */
+    for (;;) {
+        const size_t part_bytes =
+            pl.fused ? ((size_t)(pl.wave_pairs * pl.chunk_at[pl.n_chunks]) * sizeof(float) + 63) /
+                           64 * 64
+                     : 0;
+        fixed = delta_bytes + part_bytes;
         pl.per_worker = layout(&pl, NULL, &unused);
         bytes = fixed + (size_t)workers * pl.per_worker;
         mem = bytes < fixed ? NULL : sdpa__alloc(ctx, bytes, 64);
-        if (mem != NULL || !pl.wide)
+        if (mem != NULL || (!pl.wide && !pl.fused))
             break;
-        plan_wide(&pl, workers, -1);
+        if (pl.wide)
+            plan_wide(&pl, workers, -1);
+        else
+            pl.fused = 0;
     }
     if (mem == NULL)
         return sdpa__fail(ctx, SDPA_ERR_NOMEM, "flash backward: no memory for %zu bytes", bytes);
