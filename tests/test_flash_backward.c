@@ -1420,6 +1420,45 @@ static void test_grown_budget(void) {
     release(&t);
 }
 
+/* The budget grows only where its waves keep the workers busy enough: B pairs (b, kv head) of
+ * one kv head for 8 query heads, Lq=4608, Lk=64 (one chunk: each pair's partials, 18.9 MB,
+ * pass half of DQ_BUDGET), f16, by the largest request (refused: nothing runs, so the tensors
+ * are left as allocated). Waves of a task for every worker: 3 pairs on 2 workers take 2 rounds
+ * for 3 tasks (3/4 busy: the one pass), 5 on 3 workers 2 rounds for 5 (5/6: the one pass), 5
+ * on 4 workers 2 rounds for 5 (5/8, under 5/7: two kinds). */
+static void test_grown_rounds(void) {
+    const size_t partials = (size_t)8 * 4608 * 128 * sizeof(float);
+    static const struct {
+        int pairs, workers, one_pass;
+    } cases[] = {{3, 2, 1}, {5, 3, 1}, {5, 4, 0}};
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) {
+        const int64_t B = cases[x].pairs;
+        fb_tensors t;
+        memset(&t, 0, sizeof t);
+        t.q = tu_alloc(SDPA_F16, B, 8, 4608, 128, TU_BHLD, 0, 0);
+        t.k = tu_alloc(SDPA_F16, B, 1, 64, 128, TU_BHLD, 0, 0);
+        t.v = tu_alloc(SDPA_F16, B, 1, 64, 128, TU_BHLD, 0, 0);
+        t.o = tu_alloc(SDPA_F16, B, 8, 4608, 128, TU_BHLD, 0, 0);
+        t.lse = tu_alloc(SDPA_F32, B, 8, 4608, 1, TU_BHLD, 0, 0);
+        t.dout = tu_alloc(SDPA_F16, B, 8, 4608, 128, TU_BHLD, 0, 0);
+        t.dq = tu_alloc(SDPA_F16, B, 8, 4608, 128, TU_BHLD, 0, 0);
+        t.dk = tu_alloc(SDPA_F16, B, 1, 64, 128, TU_BHLD, 0, 0);
+        t.dv = tu_alloc(SDPA_F16, B, 1, 64, 128, TU_BHLD, 0, 0);
+        for (int n = 0; n < n_impls; n++) {
+            if (!impls[n].runs)
+                continue;
+            const size_t grown = grown_request(&impls[n], &t, cases[x].workers, -1);
+            const size_t wave = (size_t)cases[x].workers * partials;
+            CHECK_MSG(cases[x].one_pass ? grown >= wave : grown < partials,
+                      "[%s] %d pairs on %d workers: largest request %zu", impls[n].name,
+                      cases[x].pairs, cases[x].workers, grown);
+        }
+        release(&t);
+    }
+}
+
 /* Partials refused by the allocator: the one-pass schedule's request (its partials) passes the
  * allocator's limit, set to the two-kind schedule's largest request, and the call runs as two
  * kinds of task: SDPA_OK, one refusal, and bitwise the gradients of the one pass, for a budget
@@ -1513,11 +1552,12 @@ static void test_nomem(void) {
 
 int main(int argc, char **argv) {
     tu_report_impls();
-    return CHECK_RUN(
-        argc, argv, CASE(test_exp_lse), CASE(test_shapes), CASE(test_causal_and_windows),
-        CASE(test_masks_softcap_alibi), CASE(test_heads), CASE(test_layouts_and_storage),
-        CASE(test_dropout), CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
-        CASE(test_deterministic), CASE(test_deterministic_waves),
-        CASE(test_deterministic_key_groups), CASE(test_widened_rows), CASE(test_schedules_agree),
-        CASE(test_grown_budget), CASE(test_partials_refused), CASE(test_nomem));
+    return CHECK_RUN(argc, argv, CASE(test_exp_lse), CASE(test_shapes),
+                     CASE(test_causal_and_windows), CASE(test_masks_softcap_alibi),
+                     CASE(test_heads), CASE(test_layouts_and_storage), CASE(test_dropout),
+                     CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
+                     CASE(test_deterministic), CASE(test_deterministic_waves),
+                     CASE(test_deterministic_key_groups), CASE(test_widened_rows),
+                     CASE(test_schedules_agree), CASE(test_grown_budget), CASE(test_grown_rounds),
+                     CASE(test_partials_refused), CASE(test_nomem));
 }

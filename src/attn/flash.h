@@ -28,7 +28,8 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
  * dq_budget, the most bytes of dQ partials held at once (sdpa__flash_backward: 32 MiB; a small
  * one makes the one-pass schedule run its pairs in several waves, or gives two kinds of task),
  * and `grow`, whether that budget may grow (to at most 1 GiB) where it would otherwise give
- * two kinds of task, so that one wave of the one-pass schedule feeds every worker;
+ * two kinds of task, so that each wave of the one-pass schedule has a task for every worker
+ * (where the waves keep the workers busy at least 5/7 of the time);
  * key_group, the key blocks a task takes together (1 to 4; 0: chosen from the problem);
  * chunks, the chunks of key blocks per (b, kv head) pair (0: chosen from the problem alone;
  * 1 to 8, or the key blocks if fewer: forced). The gradients depend on the problem and the

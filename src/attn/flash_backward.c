@@ -835,8 +835,9 @@ static int chunk_count(bwd_plan *pl) {
 
 /* Chooses the schedule for `workers`: the one-pass one with the problem's chunks (or the
  * forced ones) in waves that fit the budget; else, with `grow`, in waves of the fewest pairs
- * whose tasks are at least the workers, if the pairs are that many and their partials take at
- * most GROWN_BUDGET; else kinds A and B. Both give the same bits, so
+ * whose tasks are at least the workers, if the pairs are that many, their partials take at
+ * most GROWN_BUDGET and the waves keep the workers busy enough (5/7 of the time, the products
+ * of one pass against two kinds); else kinds A and B. Both give the same bits, so
  * the choice may follow the workers and the budget; the chunks may not. */
 static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int workers) {
     const int64_t pairs = pl->p->B * pl->p->Hkv;
@@ -854,8 +855,15 @@ static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int work
         return;
     const int64_t need = (workers + n - 1) / n; /* pairs for a task for every worker */
     if (tuning->grow && need <= pairs && (double)need * bytes <= (double)GROWN_BUDGET) {
-        pl->wave_pairs = need;
-        return;
+        /* the rounds of `workers` tasks that the waves take (the last wave may hold fewer
+         * pairs): the one pass where its five products in them take no longer than the seven
+         * of two kinds of task spread over every worker */
+        const int64_t rest = pairs % need, per_wave = (need * n + workers - 1) / workers;
+        const int64_t rounds = pairs / need * per_wave + (rest * n + workers - 1) / workers;
+        if (7 * pairs * n >= 5 * rounds * workers) {
+            pl->wave_pairs = need;
+            return;
+        }
     }
     pl->fused = 0;
 }
