@@ -478,9 +478,10 @@ SDPA_API sdpa_status sdpa_forward_kv(sdpa_ctx *ctx, const sdpa_tensor *q,
  * recomputed as exp(s - lse), and out enters through rowsum(dout * out)), so they must be
  * what sdpa_forward wrote for these arguments: a row whose lse is -inf is taken as fully
  * masked, one whose lse is NaN as a NaN row. Extra memory is O(B x Hq x Lq) floats, partial
- * sums of dq in f32 (at most 32 MiB; where that would leave threads idle, on long sequences
- * with large query groups, at most 1 GiB: one or two query groups' dq per thread,
- * left out if the allocator refuses them), and a tile per thread: never Lq x Lk.
+ * sums of dq in f32 (at most 32 MiB; where 32 MiB would keep too few threads busy, as on long
+ * sequences with large query groups, at most 1 GiB: one or two query groups' dq per thread;
+ * none if the allocator refuses them), f16/bf16 rows of q and dout widened to f32 (at most
+ * 32 MiB; none if refused), and a tile per thread: never Lq x Lk.
  *
  * @return as for sdpa_forward; on error dq, dk and dv are untouched.
  */

@@ -1322,7 +1322,7 @@ static void schedule_case(int v, fb_tensors *t) {
  * so the choice between them may follow the workers and the memory: for each problem and
  * chunk count (the rule's, and 1, 3 and 8 forced), the one-pass schedule (a budget that holds
  * every partial; 3 threads), two kinds of task (budget 0; 2 threads), and the budget grown for
- * the workers (budget 0 and `grow`: one pass on up to pairs x chunks workers, two kinds above;
+ * the workers (budget 0 and `adapt`: one pass on up to pairs x chunks workers, two kinds above;
  * 1, 2, 3 and 16 threads, which cross from one to the other) give bitwise the same gradients
  * at every level; with the rule's chunks, sdpa_backward's too (2 and 3 threads). The problems: 0,
  * causal bottom-right with Lq > Lk (rows that see nothing, tiles that start inside key blocks); 1,
@@ -1355,7 +1355,7 @@ static void test_schedules_agree(void) {
                 t.tuning.dq_budget = 0;
                 snprintf(what, sizeof what, "problem %d, chunks %d, two kinds", v, chunks[x]);
                 bytes_on(&impls[n], &t, 2, what, want);
-                t.tuning.grow = 1;
+                t.tuning.adapt = 1;
                 snprintf(what, sizeof what, "problem %d, chunks %d, grown", v, chunks[x]);
                 for (int g = 0; g < 4; g++)
                     bytes_on(&impls[n], &t, grown_threads[g], what, want);
@@ -1374,11 +1374,11 @@ static void test_schedules_agree(void) {
 }
 
 /* The largest request of the backward of t (f16 Hq=8 Hkv=1 Lq=4608 Lk=128 D=128) on `workers`
- * threads, refused (nothing runs), with the budget allowed to grow or not (grow < 0:
+ * threads, refused (nothing runs), with the schedule following the workers or not (adapt < 0:
  * sdpa_backward, as it chooses). Its 2 chunks of partials take 37.7 MB, past DQ_BUDGET. */
-static size_t grown_request(const tu_impl *impl, fb_tensors *t, int workers, int grow) {
-    t->tuned = grow >= 0;
-    t->tuning = (sdpa__bwd_tuning){(size_t)32 << 20, 0, 0, 0, grow};
+static size_t grown_request(const tu_impl *impl, fb_tensors *t, int workers, int adapt) {
+    t->tuned = adapt >= 0;
+    t->tuning = (sdpa__bwd_tuning){(size_t)32 << 20, 0, 0, 0, adapt};
     t->impl = impl->impl;
     tu_failing_alloc fa = {0};
     sdpa_ctx *ctx = refusing_ctx(impl, workers, &fa);
@@ -1390,7 +1390,7 @@ static size_t grown_request(const tu_impl *impl, fb_tensors *t, int workers, int
 /* The budget grows only to feed every worker: where a pair's partials pass DQ_BUDGET (one kv
  * head of 8 query heads, 2 chunks of 18.9 MB), 1 and 2 workers hold them (a wave of that one
  * pair, 2 tasks), 3 and 16 take two kinds of task (a wave would need 2 and 8 pairs), and so
- * does any number without `grow`; sdpa_backward grows it as the hook's `grow` does. */
+ * does any number without `adapt`; sdpa_backward grows it as the hook's `adapt` does. */
 static void test_grown_budget(void) {
     const size_t partials = (size_t)2 * 8 * 4608 * 128 * sizeof(float);
     fb_case c = plain(8, 1, 4608, 128, 128, 128);
@@ -1420,48 +1420,70 @@ static void test_grown_budget(void) {
     release(&t);
 }
 
-/* The budget grows only where its waves keep the workers busy enough: B pairs (b, kv head) of
- * one kv head for 8 query heads, Lq=4608, Lk=64 (one chunk: each pair's partials, 18.9 MB,
- * pass half of DQ_BUDGET), f16, by the largest request (refused: nothing runs, so the tensors
- * are left as allocated). Waves of a task for every worker: 3 pairs on 2 workers take 2 rounds
- * for 3 tasks (3/4 busy: the one pass), 5 on 3 workers 2 rounds for 5 (5/6: the one pass), 5
- * on 4 workers 2 rounds for 5 (5/8, under 5/7: two kinds). */
-static void test_grown_rounds(void) {
+/* Tensors of the given sizes for a backward that never runs (refused): allocated, not filled. */
+static void unfilled(fb_tensors *t, sdpa_dtype dt, int64_t B, int64_t hq, int64_t hkv, int64_t lq,
+                     int64_t lk, int64_t d) {
+    memset(t, 0, sizeof *t);
+    t->q = tu_alloc(dt, B, hq, lq, d, TU_BHLD, 0, 0);
+    t->k = tu_alloc(dt, B, hkv, lk, d, TU_BHLD, 0, 0);
+    t->v = tu_alloc(dt, B, hkv, lk, d, TU_BHLD, 0, 0);
+    t->o = tu_alloc(dt, B, hq, lq, d, TU_BHLD, 0, 0);
+    t->lse = tu_alloc(SDPA_F32, B, hq, lq, 1, TU_BHLD, 0, 0);
+    t->dout = tu_alloc(dt, B, hq, lq, d, TU_BHLD, 0, 0);
+    t->dq = tu_alloc(dt, B, hq, lq, d, TU_BHLD, 0, 0);
+    t->dk = tu_alloc(dt, B, hkv, lk, d, TU_BHLD, 0, 0);
+    t->dv = tu_alloc(dt, B, hkv, lk, d, TU_BHLD, 0, 0);
+}
+
+/* The one-pass schedule runs only where its waves keep the workers busy at least 5/7 of the
+ * time (sdpa_backward, by the largest request; refused, nothing runs). First B pairs of one
+ * kv head for 8 query heads, Lq=4608, Lk=64, f16 (one chunk; each pair's partials, 18.9 MB,
+ * pass half of DQ_BUDGET, so the budget grows to waves of a pair a worker): 3 pairs on 2
+ * workers take 2 rounds for 3 tasks (3/4 busy: the one pass), 5 on 3 workers 2 rounds for 5
+ * (5/6: the one pass), 10 on 7 workers 2 rounds for 10 (5/7: the one pass), 5 on 4 workers 2
+ * rounds for 5 (5/8: two kinds). Then a problem whose partials fit the budget: one pair,
+ * Hq=8, Lq=4096, Lk=128, D=128, f32, 2 chunks of 16 MiB, one wave of 2 tasks: the one pass
+ * on 2 workers, two kinds on 3 (2/3 busy) and 16. */
+static void test_busy_waves(void) {
     const size_t partials = (size_t)8 * 4608 * 128 * sizeof(float);
     static const struct {
         int pairs, workers, one_pass;
-    } cases[] = {{3, 2, 1}, {5, 3, 1}, {5, 4, 0}};
+    } cases[] = {{3, 2, 1}, {5, 3, 1}, {10, 7, 1}, {5, 4, 0}};
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
+    fb_tensors t;
     for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) {
-        const int64_t B = cases[x].pairs;
-        fb_tensors t;
-        memset(&t, 0, sizeof t);
-        t.q = tu_alloc(SDPA_F16, B, 8, 4608, 128, TU_BHLD, 0, 0);
-        t.k = tu_alloc(SDPA_F16, B, 1, 64, 128, TU_BHLD, 0, 0);
-        t.v = tu_alloc(SDPA_F16, B, 1, 64, 128, TU_BHLD, 0, 0);
-        t.o = tu_alloc(SDPA_F16, B, 8, 4608, 128, TU_BHLD, 0, 0);
-        t.lse = tu_alloc(SDPA_F32, B, 8, 4608, 1, TU_BHLD, 0, 0);
-        t.dout = tu_alloc(SDPA_F16, B, 8, 4608, 128, TU_BHLD, 0, 0);
-        t.dq = tu_alloc(SDPA_F16, B, 8, 4608, 128, TU_BHLD, 0, 0);
-        t.dk = tu_alloc(SDPA_F16, B, 1, 64, 128, TU_BHLD, 0, 0);
-        t.dv = tu_alloc(SDPA_F16, B, 1, 64, 128, TU_BHLD, 0, 0);
+        unfilled(&t, SDPA_F16, cases[x].pairs, 8, 1, 4608, 64, 128);
         for (int n = 0; n < n_impls; n++) {
             if (!impls[n].runs)
                 continue;
-            const size_t grown = grown_request(&impls[n], &t, cases[x].workers, -1);
+            const size_t largest = grown_request(&impls[n], &t, cases[x].workers, -1);
             const size_t wave = (size_t)cases[x].workers * partials;
-            CHECK_MSG(cases[x].one_pass ? grown >= wave : grown < partials,
+            CHECK_MSG(cases[x].one_pass ? largest >= wave : largest < partials,
                       "[%s] %d pairs on %d workers: largest request %zu", impls[n].name,
-                      cases[x].pairs, cases[x].workers, grown);
+                      cases[x].pairs, cases[x].workers, largest);
         }
         release(&t);
     }
+    const size_t fitting = (size_t)2 * 8 * 4096 * 128 * sizeof(float);
+    unfilled(&t, SDPA_F32, 1, 8, 1, 4096, 128, 128);
+    for (int n = 0; n < n_impls; n++) {
+        if (!impls[n].runs)
+            continue;
+        static const int workers[] = {2, 3, 16};
+        for (int w = 0; w < 3; w++) {
+            const size_t largest = grown_request(&impls[n], &t, workers[w], -1);
+            CHECK_MSG(workers[w] == 2 ? largest >= fitting : largest < fitting,
+                      "[%s] one pair of 2 chunks on %d workers: largest request %zu", impls[n].name,
+                      workers[w], largest);
+        }
+    }
+    release(&t);
 }
 
 /* Partials refused by the allocator: the one-pass schedule's request (its partials) passes the
  * allocator's limit, set to the two-kind schedule's largest request, and the call runs as two
- * kinds of task: SDPA_OK, one refusal, and bitwise the gradients of the one pass, for a budget
+ * kinds of task: SDPA_OK, a refusal, and bitwise the gradients of the one pass, for a budget
  * the hook sets and for one grown for the workers. */
 static void test_partials_refused(void) {
     fb_case c = plain(4, 1, 300, 290, 32, 32);
@@ -1558,6 +1580,6 @@ int main(int argc, char **argv) {
                      CASE(test_two_kinds), CASE(test_hidden_nan), CASE(test_nan_rows),
                      CASE(test_deterministic), CASE(test_deterministic_waves),
                      CASE(test_deterministic_key_groups), CASE(test_widened_rows),
-                     CASE(test_schedules_agree), CASE(test_grown_budget), CASE(test_grown_rounds),
+                     CASE(test_schedules_agree), CASE(test_grown_budget), CASE(test_busy_waves),
                      CASE(test_partials_refused), CASE(test_nomem));
 }

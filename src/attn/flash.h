@@ -27,13 +27,14 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
 /* What sdpa__flash_backward chooses for itself, set by the tests to reach every schedule:
  * dq_budget, the most bytes of dQ partials held at once (sdpa__flash_backward: 32 MiB; a small
  * one makes the one-pass schedule run its pairs in several waves, or gives two kinds of task),
- * and `grow`, whether that budget may grow (to at most 1 GiB) where it would otherwise give
- * two kinds of task, so that each wave of the one-pass schedule has a task for every worker
- * (where the waves keep the workers busy at least 5/7 of the time);
+ * and `adapt`, whether the schedule follows the workers (sdpa__flash_backward: yes): the
+ * one-pass schedule's waves must keep them busy at least 5/7 of the time, the budget growing
+ * (to at most 1 GiB) to waves with a task for every worker where they would not, else two
+ * kinds of task; without it the budget alone chooses;
  * key_group, the key blocks a task takes together (1 to 4; 0: chosen from the problem);
  * chunks, the chunks of key blocks per (b, kv head) pair (0: chosen from the problem alone;
  * 1 to 8, or the key blocks if fewer: forced). The gradients depend on the problem and the
- * chunks only: never on dq_budget, grow, key_group or the thread count, which choose between
+ * chunks only: never on dq_budget, adapt, key_group or the thread count, which choose between
  * schedules that sum in the same order. `wide`: whether the one-pass schedule's tasks keep
  * their rows of Q and dO widened (0: chosen from the problem and the workers, > 0: in the
  * one-pass schedule wherever Q or dO is widened, whatever the steps and WIDE_MAX_BYTES, < 0:
@@ -43,7 +44,7 @@ typedef struct sdpa__bwd_tuning {
     int key_group;
     int wide;
     int chunks;
-    int grow;
+    int adapt;
 } sdpa__bwd_tuning;
 
 sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,

@@ -45,13 +45,17 @@
  * chunk's whole key blocks in order, each into the rows of the block's query rows
  * (block_rows) the task holds, with pv_careful where tile_a takes it (S, P, dP and dS are
  * tile_a's own bits, laid out transposed; pv gives pv_t's bits); then the chains of the chunks
- * whose rows hold the row, added in chunk order as sum_task adds them (add_chains). Where the
- * budget leaves no wave of two tasks, it may grow (GROWN_BUDGET) to a wave with a task for
- * every worker; where no such wave fits (more workers than the pairs' tasks, or past
- * GROWN_BUDGET) or the allocator refuses the partials, two kinds of task.
+ * whose rows hold the row, added in chunk order as sum_task adds them (add_chains). The
+ * one-pass schedule runs where its waves keep the workers busy at least 5/7 of the time (its
+ * five products against the seven of two kinds of task spread over every worker:
+ * busy_enough), the budget growing (GROWN_BUDGET) to waves with a task for every worker where
+ * the budget's own would not; where neither does (more workers than the pairs' tasks, past
+ * GROWN_BUDGET, or waves that leave too many idle) or the allocator refuses the partials, two
+ * kinds of task.
  *
  * Extra memory: Delta (B Hq Lq floats), the partials of a wave (at most dq_budget bytes, or
- * GROWN_BUDGET where the budget grew: at most 2 group Lq Dk floats a pair, a pair a task), and
+ * GROWN_BUDGET where the budget grew: then about one or two groups' Lq x dkp floats a worker),
+ * and
  * one scratch region per worker of O(block x (Dk + Dv + block)) floats, plus, where Q or dO is
  * widened, a chunk's rows of them (whole query blocks: at most group x n_qb QUERY_BLOCK x
  * (Dk + Dv) floats; WIDE_MAX_BYTES in all).
@@ -115,10 +119,10 @@ enum { MAX_KEY_GROUP = 4 };
 /* The most bytes of dQ partials held at once (sdpa__flash_backward), and the budget that sets
  * the chunks per pair (chunk_count). Where a wave of two tasks passes it (long sequences with
  * large query groups), the chunks are 2 for a single pair of several key blocks, else 1, and
- * the budget may grow to GROWN_BUDGET for a wave with a task for every worker, where the
- * one-pass schedule's five products beat the seven of two kinds of task (B=1 Hq=8 Hkv=1
- * L=8192 D=128 and Hq=4 Hkv=1 L=16384 on 2 threads: 1.36-1.41x, docs/benchmarks.md,
- * 2026-11-28, 01:08 UTC); with more workers than the pairs' tasks, two kinds, which give the
+ * the budget may grow to GROWN_BUDGET for waves with a task for every worker that keep them
+ * busy enough (busy_enough), where the one-pass schedule's five products beat the seven of
+ * two kinds of task (B=1 Hq=8 Hkv=1 L=8192 D=128 and Hq=4 Hkv=1 L=16384 on 2 threads:
+ * 1.34-1.41x, docs/benchmarks.md, 2026-11-28, 01:08 UTC); elsewhere two kinds, which give the
  * same bits. */
 #define DQ_BUDGET ((size_t)32 << 20)
 #define GROWN_BUDGET ((size_t)1 << 30)
@@ -833,12 +837,22 @@ static int chunk_count(bwd_plan *pl) {
     return n;
 }
 
+/* Whether the one-pass schedule's waves of `wave` pairs, n tasks a pair, keep `workers` busy
+ * at least 5/7 of the time: the rounds of `workers` tasks they take (the last wave may hold
+ * fewer pairs), in which its five products take no longer than the seven of two kinds of task
+ * spread over every worker. (Tasks of a pair are of equal work, causal ones too.) */
+static int busy_enough(int64_t pairs, int n, int64_t wave, int workers) {
+    const int64_t rest = pairs % wave, per_wave = (wave * n + workers - 1) / workers;
+    const int64_t rounds = pairs / wave * per_wave + (rest * n + workers - 1) / workers;
+    return 7 * pairs * n >= 5 * rounds * workers;
+}
+
 /* Chooses the schedule for `workers`: the one-pass one with the problem's chunks (or the
- * forced ones) in waves that fit the budget; else, with `grow`, in waves of the fewest pairs
- * whose tasks are at least the workers, if the pairs are that many, their partials take at
- * most GROWN_BUDGET and the waves keep the workers busy enough (5/7 of the time, the products
- * of one pass against two kinds); else kinds A and B. Both give the same bits, so
- * the choice may follow the workers and the budget; the chunks may not. */
+ * forced ones) in waves that fit the budget and, with `adapt`, keep the workers busy enough;
+ * else, with `adapt`, in waves of the fewest pairs whose tasks are at least the workers, if
+ * the pairs are that many, their partials take at most GROWN_BUDGET and the waves keep the
+ * workers busy enough; else kinds A and B. Both give the same bits, so the choice may follow
+ * the workers and the budget; the chunks may not. */
 static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int workers) {
     const int64_t pairs = pl->p->B * pl->p->Hkv;
     int n = tuning->chunks;
@@ -851,19 +865,13 @@ static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int work
     const double bytes = plan_chunks(pl, n);
     pl->fused = 1;
     pl->wave_pairs = wave_pairs(pl, n, bytes, tuning->dq_budget);
-    if (pl->wave_pairs >= 1)
+    if (pl->wave_pairs >= 1 && (!tuning->adapt || busy_enough(pairs, n, pl->wave_pairs, workers)))
         return;
     const int64_t need = (workers + n - 1) / n; /* pairs for a task for every worker */
-    if (tuning->grow && need <= pairs && (double)need * bytes <= (double)GROWN_BUDGET) {
-        /* the rounds of `workers` tasks that the waves take (the last wave may hold fewer
-         * pairs): the one pass where its five products in them take no longer than the seven
-         * of two kinds of task spread over every worker */
-        const int64_t rest = pairs % need, per_wave = (need * n + workers - 1) / workers;
-        const int64_t rounds = pairs / need * per_wave + (rest * n + workers - 1) / workers;
-        if (7 * pairs * n >= 5 * rounds * workers) {
-            pl->wave_pairs = need;
-            return;
-        }
+    if (tuning->adapt && need > pl->wave_pairs && need <= pairs &&
+        (double)need * bytes <= (double)GROWN_BUDGET && busy_enough(pairs, n, need, workers)) {
+        pl->wave_pairs = need;
+        return;
     }
     pl->fused = 0;
 }

@@ -7,6 +7,12 @@
 #ifndef SDPA_SERVICES_H
 #define SDPA_SERVICES_H
 
+/* The contract's rules for NaN and Inf (masked and NaN rows, the backward's sums) need IEEE
+ * arithmetic: -ffinite-math-only, which -ffast-math implies, would fold x != x to false. */
+#if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "sdpa must be built without -ffinite-math-only (or -ffast-math)"
+#endif
+
 #include "sdpa.h"
 
 #include <stddef.h>
