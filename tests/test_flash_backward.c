@@ -1443,7 +1443,8 @@ static void unfilled(fb_tensors *t, sdpa_dtype dt, int64_t B, int64_t hq, int64_
  * (5/6: the one pass), 10 on 7 workers 2 rounds for 10 (5/7: the one pass), 5 on 4 workers 2
  * rounds for 5 (5/8: two kinds). Then a problem whose partials fit the budget: one pair,
  * Hq=8, Lq=4096, Lk=128, D=128, f32, 2 chunks of 16 MiB, one wave of 2 tasks: the one pass
- * on 2 workers, two kinds on 3 (2/3 busy) and 16. */
+ * on 2 workers, two kinds on 3 (2/3 busy) and 16; and one whose budget's waves leave workers
+ * idle where smaller ones do not. */
 static void test_busy_waves(void) {
     const size_t partials = (size_t)8 * 4608 * 128 * sizeof(float);
     static const struct {
@@ -1477,6 +1478,19 @@ static void test_busy_waves(void) {
                       "[%s] one pair of 2 chunks on %d workers: largest request %zu", impls[n].name,
                       workers[w], largest);
         }
+    }
+    release(&t);
+    /* 4 pairs of 10.5 MB, Lq=2560, f16: the budget holds 3 a wave, whose waves (3, then 1)
+     * take 3 rounds for 4 tasks on 2 workers (2/3 busy); waves of 2 take 2 (the one pass) */
+    const size_t pair = (size_t)8 * 2560 * 128 * sizeof(float);
+    unfilled(&t, SDPA_F16, 4, 8, 1, 2560, 64, 128);
+    for (int n = 0; n < n_impls; n++) {
+        if (!impls[n].runs)
+            continue;
+        const size_t largest = grown_request(&impls[n], &t, 2, -1);
+        CHECK_MSG(largest >= 2 * pair && largest < 3 * pair,
+                  "[%s] 4 pairs on 2 workers: largest request %zu, not waves of 2 pairs",
+                  impls[n].name, largest);
     }
     release(&t);
 }

@@ -849,10 +849,11 @@ static int busy_enough(int64_t pairs, int n, int64_t wave, int workers) {
 
 /* Chooses the schedule for `workers`: the one-pass one with the problem's chunks (or the
  * forced ones) in waves that fit the budget and, with `adapt`, keep the workers busy enough;
- * else, with `adapt`, in waves of the fewest pairs whose tasks are at least the workers, if
- * the pairs are that many, their partials take at most GROWN_BUDGET and the waves keep the
- * workers busy enough; else kinds A and B. Both give the same bits, so the choice may follow
- * the workers and the budget; the chunks may not. */
+ * else, with `adapt`, in waves of the fewest pairs whose tasks are at least the workers
+ * (fewer pairs than the budget's waves, or more: the budget grows), if the pairs are that
+ * many, their partials take at most GROWN_BUDGET (or the budget, if larger) and the waves
+ * keep the workers busy enough; else kinds A and B. Both give the same bits, so the choice may
+ * follow the workers and the budget; the chunks may not. */
 static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int workers) {
     const int64_t pairs = pl->p->B * pl->p->Hkv;
     int n = tuning->chunks;
@@ -868,8 +869,9 @@ static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int work
     if (pl->wave_pairs >= 1 && (!tuning->adapt || busy_enough(pairs, n, pl->wave_pairs, workers)))
         return;
     const int64_t need = (workers + n - 1) / n; /* pairs for a task for every worker */
-    if (tuning->adapt && need > pl->wave_pairs && need <= pairs &&
-        (double)need * bytes <= (double)GROWN_BUDGET && busy_enough(pairs, n, need, workers)) {
+    const size_t most = tuning->dq_budget > GROWN_BUDGET ? tuning->dq_budget : GROWN_BUDGET;
+    if (tuning->adapt && need <= pairs && (double)need * bytes <= (double)most &&
+        busy_enough(pairs, n, need, workers)) {
         pl->wave_pairs = need;
         return;
     }
