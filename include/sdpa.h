@@ -480,8 +480,9 @@ SDPA_API sdpa_status sdpa_forward_kv(sdpa_ctx *ctx, const sdpa_tensor *q,
  * masked, one whose lse is NaN as a NaN row. Extra memory is O(B x Hq x Lq) floats, partial
  * sums of dq in f32 (at most 32 MiB; where 32 MiB would keep too few threads busy, as on long
  * sequences with large query groups, at most 1 GiB: one or two query groups' dq per thread;
- * none if the allocator refuses them), f16/bf16 rows of q and dout widened to f32 (at most
- * 32 MiB; none if refused), and a tile per thread: never Lq x Lk.
+ * none if the allocator refuses them), rows of q and dout widened to f32 where they cannot be
+ * read in place (f16, bf16, a feature stride; at most 32 MiB, none if refused), and a tile
+ * per thread: never Lq x Lk.
  *
  * @return as for sdpa_forward; on error dq, dk and dv are untouched.
  */

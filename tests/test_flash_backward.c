@@ -1318,23 +1318,23 @@ static void schedule_case(int v, fb_tensors *t) {
     sdpa_ctx_destroy(gen);
 }
 
-/* The one-pass schedule and the two kinds of task sum dQ in the same order (flash_backward.c),
- * so the choice between them may follow the workers and the memory: for each problem and
- * chunk count (the rule's, and 1, 3 and 8 forced), the one-pass schedule (a budget that holds
- * every partial; 3 threads), two kinds of task (budget 0; 2 threads), and the budget grown for
- * the workers (budget 0 and `adapt`: one pass on up to pairs x chunks workers, two kinds above;
- * 1, 2, 3 and 16 threads, which cross from one to the other) give bitwise the same gradients
- * at every level; with the rule's chunks, sdpa_backward's too (2 and 3 threads). The problems: 0,
+/* The one-pass schedule and the two kinds of task sum dQ in the same order (flash_backward.c), so
+ * the choice between them may follow the workers and the memory: for each problem and chunk count
+ * (the rule's, and 1, 3 and 8 forced), the one-pass schedule (a budget that holds every partial; 3
+ * threads), two kinds of task (budget 0; 2 threads), and the budget grown for the workers (budget
+ * 0 and `adapt`: the one pass where waves of a pair a worker keep them busy, two kinds elsewhere;
+ * 1, 2, 3 and 16 threads, which cross from one to the other) give bitwise the same gradients at
+ * every level; with the rule's chunks, sdpa_backward's too (2 and 3 threads). The problems: 0,
  * causal bottom-right with Lq > Lk (rows that see nothing, tiles that start inside key blocks); 1,
- * f16, causal top-left with Lq < Lk, 3 query heads to one kv head; 2, bf16 with every feature; 3, a
- * window both sides, a bool mask with rows hidden whole, NaN in a row of q and in dout; 4, the
+ * f16, causal top-left with Lq < Lk, 3 query heads to one kv head; 2, bf16 with every feature; 3,
+ * a window both sides, a bool mask with rows hidden whole, NaN in a row of q and in dout; 4, the
  * window with softcap, and Inf and NaN in keys of K that some rows of their tiles see (pv_careful
  * and the NaN of visible zeros), one of them the last block's only key, which the rows that see it
  * see whole while the others of their query block do not; 5, the window with K subnormal, so that
  * dQ's chains take terms that round to -0 and to the smallest subnormals; 6, one kv head for 8
- * query heads, causal, 5 key blocks; 7, a wide window with softcap and +Inf in two keys of K,
- * so that a row's chunks hold NaNs of both signs (the NaN of a visible zero weight, and 0 x Inf
- * in pv), which the chunks' sums must add alike. */
+ * query heads, causal, 5 key blocks; 7, a wide window with softcap and +Inf in two keys of K, so
+ * that a row's chunks hold NaNs of both signs (the NaN of a visible zero weight, and 0 x Inf in
+ * pv), which the chunks' sums must add alike. */
 static void test_schedules_agree(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
@@ -1373,12 +1373,13 @@ static void test_schedules_agree(void) {
     }
 }
 
-/* The largest request of the backward of t (f16 Hq=8 Hkv=1 Lq=4608 Lk=128 D=128) on `workers`
- * threads, refused (nothing runs), with the schedule following the workers or not (adapt < 0:
- * sdpa_backward, as it chooses). Its 2 chunks of partials take 37.7 MB, past DQ_BUDGET. */
-static size_t grown_request(const tu_impl *impl, fb_tensors *t, int workers, int adapt) {
+/* The largest request of the backward of t on `workers` threads, refused (nothing runs): with
+ * the hook's dq_budget `budget`, the schedule following the workers or not (`adapt`), or, with
+ * adapt < 0, as sdpa_backward chooses. */
+static size_t largest_request(const tu_impl *impl, fb_tensors *t, int workers, size_t budget,
+                              int adapt) {
     t->tuned = adapt >= 0;
-    t->tuning = (sdpa__bwd_tuning){(size_t)32 << 20, 0, 0, 0, adapt};
+    t->tuning = (sdpa__bwd_tuning){budget, 0, 0, 0, adapt};
     t->impl = impl->impl;
     tu_failing_alloc fa = {0};
     sdpa_ctx *ctx = refusing_ctx(impl, workers, &fa);
@@ -1386,6 +1387,8 @@ static size_t grown_request(const tu_impl *impl, fb_tensors *t, int workers, int
     sdpa_ctx_destroy(ctx);
     return fa.largest;
 }
+
+enum { DQ_BUDGET_BYTES = 32 << 20 }; /* sdpa__flash_backward's */
 
 /* The budget grows only to feed every worker: where a pair's partials pass DQ_BUDGET (one kv
  * head of 8 query heads, 2 chunks of 18.9 MB), 1 and 2 workers hold them (a wave of that one
@@ -1404,9 +1407,9 @@ static void test_grown_budget(void) {
             continue;
         static const int workers[] = {1, 2, 3, 16};
         for (int w = 0; w < 4; w++) {
-            const size_t grown = grown_request(&impls[n], &t, workers[w], 1);
-            const size_t fixed = grown_request(&impls[n], &t, workers[w], 0);
-            const size_t public = grown_request(&impls[n], &t, workers[w], -1);
+            const size_t grown = largest_request(&impls[n], &t, workers[w], DQ_BUDGET_BYTES, 1);
+            const size_t fixed = largest_request(&impls[n], &t, workers[w], DQ_BUDGET_BYTES, 0);
+            const size_t public = largest_request(&impls[n], &t, workers[w], 0, -1);
             CHECK_MSG(workers[w] <= 2 ? grown >= partials : grown < partials,
                       "[%s] %d workers, grown: largest request %zu", impls[n].name, workers[w],
                       grown);
@@ -1436,17 +1439,17 @@ static void unfilled(fb_tensors *t, sdpa_dtype dt, int64_t B, int64_t hq, int64_
 }
 
 /* The one-pass schedule runs only where its waves keep the workers busy at least 5/7 of the
- * time (sdpa_backward, by the largest request; refused, nothing runs). First B pairs of one
- * kv head for 8 query heads, Lq=4608, Lk=64, f16 (one chunk; each pair's partials, 18.9 MB,
- * pass half of DQ_BUDGET, so the budget grows to waves of a pair a worker): 3 pairs on 2
- * workers take 2 rounds for 3 tasks (3/4 busy: the one pass), 5 on 3 workers 2 rounds for 5
- * (5/6: the one pass), 10 on 7 workers 2 rounds for 10 (5/7: the one pass), 5 on 4 workers 2
- * rounds for 5 (5/8: two kinds). Then a problem whose partials fit the budget: one pair,
- * Hq=8, Lq=4096, Lk=128, D=128, f32, 2 chunks of 16 MiB, one wave of 2 tasks: the one pass
- * on 2 workers, two kinds on 3 (2/3 busy) and 16; and one whose budget's waves leave workers
- * idle where smaller ones do not. */
+ * time (by the largest request; refused, nothing runs). B pairs of one kv head for 8 query
+ * heads, Lq=512, Lk=64, f16 (one chunk, 2.1 MB of partials a pair), through sdpa_backward (a
+ * wave of all the pairs fits its budget) and through the hook with budget 0 (waves of a pair
+ * a worker, grown): 3 pairs on 2 workers (3/4 busy: the one pass), 5 on 3 (5/6: the one
+ * pass), 10 on 7 (5/7 exactly: the one pass), 5 on 4 (5/8 in one wave and in waves of 4 and
+ * 1: two kinds). Then one pair, Hq=8, Lq=4096, Lk=128, D=128, f32, whose 2 chunks of 16 MiB
+ * fit the budget in one wave of 2 tasks: the one pass on 2 workers, two kinds on 3 (2/3 busy)
+ * and 16; and 4 pairs (Lq=2560, 10.5 MB each) whose budget's waves, 3 then 1, leave a worker
+ * idle (2/3 busy) where waves of 2 do not. */
 static void test_busy_waves(void) {
-    const size_t partials = (size_t)8 * 4608 * 128 * sizeof(float);
+    const size_t partials = (size_t)8 * 512 * 128 * sizeof(float);
     static const struct {
         int pairs, workers, one_pass;
     } cases[] = {{3, 2, 1}, {5, 3, 1}, {10, 7, 1}, {5, 4, 0}};
@@ -1454,15 +1457,19 @@ static void test_busy_waves(void) {
     const int n_impls = tu_impls(impls);
     fb_tensors t;
     for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) {
-        unfilled(&t, SDPA_F16, cases[x].pairs, 8, 1, 4608, 64, 128);
+        unfilled(&t, SDPA_F16, cases[x].pairs, 8, 1, 512, 64, 128);
         for (int n = 0; n < n_impls; n++) {
             if (!impls[n].runs)
                 continue;
-            const size_t largest = grown_request(&impls[n], &t, cases[x].workers, -1);
-            const size_t wave = (size_t)cases[x].workers * partials;
-            CHECK_MSG(cases[x].one_pass ? largest >= wave : largest < partials,
-                      "[%s] %d pairs on %d workers: largest request %zu", impls[n].name,
-                      cases[x].pairs, cases[x].workers, largest);
+            for (int hook = 0; hook <= 1; hook++) {
+                const size_t largest =
+                    largest_request(&impls[n], &t, cases[x].workers, 0, hook ? 1 : -1);
+                const size_t wave = (size_t)cases[x].workers * partials;
+                CHECK_MSG(cases[x].one_pass ? largest >= wave : largest < partials,
+                          "[%s] %d pairs on %d workers, %s: largest request %zu", impls[n].name,
+                          cases[x].pairs, cases[x].workers, hook ? "grown" : "sdpa_backward",
+                          largest);
+            }
         }
         release(&t);
     }
@@ -1473,7 +1480,7 @@ static void test_busy_waves(void) {
             continue;
         static const int workers[] = {2, 3, 16};
         for (int w = 0; w < 3; w++) {
-            const size_t largest = grown_request(&impls[n], &t, workers[w], -1);
+            const size_t largest = largest_request(&impls[n], &t, workers[w], 0, -1);
             CHECK_MSG(workers[w] == 2 ? largest >= fitting : largest < fitting,
                       "[%s] one pair of 2 chunks on %d workers: largest request %zu", impls[n].name,
                       workers[w], largest);
@@ -1487,7 +1494,7 @@ static void test_busy_waves(void) {
     for (int n = 0; n < n_impls; n++) {
         if (!impls[n].runs)
             continue;
-        const size_t largest = grown_request(&impls[n], &t, 2, -1);
+        const size_t largest = largest_request(&impls[n], &t, 2, 0, -1);
         CHECK_MSG(largest >= 2 * pair && largest < 3 * pair,
                   "[%s] 4 pairs on 2 workers: largest request %zu, not waves of 2 pairs",
                   impls[n].name, largest);

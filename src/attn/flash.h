@@ -28,9 +28,10 @@ sdpa_status sdpa__flash_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sd
  * dq_budget, the most bytes of dQ partials held at once (sdpa__flash_backward: 32 MiB; a small
  * one makes the one-pass schedule run its pairs in several waves, or gives two kinds of task),
  * and `adapt`, whether the schedule follows the workers (sdpa__flash_backward: yes): the
- * one-pass schedule's waves must keep them busy at least 5/7 of the time, the budget growing
- * (to at most 1 GiB) to waves with a task for every worker where they would not, else two
- * kinds of task; without it the budget alone chooses;
+ * one-pass schedule's waves must keep them busy at least 5/7 of the time; where the budget's
+ * would not, waves of the fewest pairs with a task for every worker, smaller than the
+ * budget's or larger (to at most 1 GiB, or dq_budget if larger), else two kinds of task;
+ * without it the budget alone chooses;
  * key_group, the key blocks a task takes together (1 to 4; 0: chosen from the problem);
  * chunks, the chunks of key blocks per (b, kv head) pair (0: chosen from the problem alone;
  * 1 to 8, or the key blocks if fewer: forced). The gradients depend on the problem and the

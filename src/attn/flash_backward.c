@@ -48,10 +48,10 @@
  * whose rows hold the row, added in chunk order as sum_task adds them (add_chains). The
  * one-pass schedule runs where its waves keep the workers busy at least 5/7 of the time (its
  * five products against the seven of two kinds of task spread over every worker:
- * busy_enough), the budget growing (GROWN_BUDGET) to waves with a task for every worker where
- * the budget's own would not; where neither does (more workers than the pairs' tasks, past
- * GROWN_BUDGET, or waves that leave too many idle) or the allocator refuses the partials, two
- * kinds of task.
+ * busy_enough); where the budget's waves would not, waves of the fewest pairs with a task for
+ * every worker, smaller than the budget's or larger (the budget growing to GROWN_BUDGET);
+ * where neither does (more workers than the pairs' tasks, past GROWN_BUDGET, or waves that
+ * leave too many idle) or the allocator refuses the partials, two kinds of task.
  *
  * Extra memory: Delta (B Hq Lq floats), the partials of a wave (at most dq_budget bytes, or
  * GROWN_BUDGET where the budget grew: then about one or two groups' Lq x dkp floats a worker),
