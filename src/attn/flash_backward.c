@@ -823,7 +823,7 @@ static int64_t wave_pairs(const bwd_plan *pl, int n, double bytes, size_t budget
 /* The chunks of a pair, from the problem alone: as many as TARGET_TASKS asks (at most
  * MAX_CHUNKS and the key blocks), or the most for which a wave of two tasks fits DQ_BUDGET;
  * where none does, 1 (several pairs, or one pair of one key block) or 2 (one pair, which then
- * takes two tasks). Leaves the chunks planned. */
+ * takes two tasks). plan_schedule then plans them. */
 static int chunk_count(bwd_plan *pl) {
     const int64_t pairs = pl->p->B * pl->p->Hkv;
     int64_t most = (TARGET_TASKS + pairs - 1) / pairs;
@@ -832,9 +832,7 @@ static int chunk_count(bwd_plan *pl) {
     for (int n = (int)most; n >= 1; n--)
         if (wave_pairs(pl, n, plan_chunks(pl, n), DQ_BUDGET) >= 1)
             return n;
-    const int n = pairs >= 2 || most < 2 ? 1 : 2;
-    plan_chunks(pl, n);
-    return n;
+    return pairs >= 2 || most < 2 ? 1 : 2;
 }
 
 /* Whether the one-pass schedule's waves of `wave` pairs, n tasks a pair, keep `workers` busy
