@@ -74,6 +74,7 @@ enum { WIDE_MIN_BLOCKS = 4 };
 typedef struct flash_plan {
     const sdpa__problem *p;
     const sdpa__ukernels *uk;
+    const sdpa__mx_kernels *mx; /* the matrix unit's entries, where they fit (else NULL) */
     sdpa_tensor *out, *lse;
     sdpa_tensor *weights;   /* sdpa_weights' output (weights_task), else NULL */
     int64_t bq;             /* query positions per task */
@@ -178,6 +179,7 @@ typedef struct task_scratch {
     int64_t *wide_bh;
     float *kwide, *vwide;
     unsigned char *kready, *vready;
+    void *qmx; /* Q packed by mx->pack_q: Dk / 2 x rp 32-bit words */
 } task_scratch;
 
 /* Takes `bytes` from the region at base (NULL: only measures), each piece 64-byte aligned. */
@@ -222,6 +224,7 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     ts->vready = take(base, &at, pl->wide_v ? tiles : 0);
     ts->kwide = take(base, &at, pl->wide_k ? keys * (size_t)p->Dk * f : 0);
     ts->vwide = take(base, &at, pl->wide_v ? keys * (size_t)p->Dv * f : 0);
+    ts->qmx = take(base, &at, pl->mx != NULL ? (size_t)p->Dk / 2 * rp * 4 : 0);
     return at;
 }
 
@@ -426,11 +429,15 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     task_scratch tr;
     task_begin(pl, task, worker, 0, &t, &tr);
     int q_packed = 0;
+    /* the matrix unit's entries take the task's slices, unless Q holds a value the unit does
+     * not read as it is (then the vector table takes them all) */
+    int mx_q = pl->mx != NULL, mx_packed = 0;
     const sdpa__problem *p = t.p;
     const int64_t b = t.b, hk = t.hk, bh = t.bh, qb = t.qb, rows = t.rows, rp = pl->rp;
     const int64_t rows_all = t.rows_all;
     float *qt = tr.qt, *s = tr.s, *o = tr.o, *m = tr.m, *l = tr.l, *alpha = tr.alpha;
-    memset(o, 0, (size_t)(t.rows_all * pl->dvp) * sizeof *o);
+    /* (the matrix unit writes whole blocks of 16 rows, padding rows too) */
+    memset(o, 0, (size_t)((pl->mx != NULL ? rp : rows_all) * pl->dvp) * sizeof *o);
 
     key_slice sl;
     int v_asked = 0; /* the previous slice's pv_few asked for this slice's V rows */
@@ -464,10 +471,22 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             if (!pl->k_direct && !pl->wide_k && !k_half && next > 0)
                 prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
         }
+        int mx = mx_q && !few;
+        if (mx && !mx_packed) {
+            mx_packed = 1;
+            if (pl->mx->pack_q(rows, p->Dk, tr.q_row, tr.qmx, rp))
+                mx = mx_q = 0;
+        }
+        /* K's rows in place, unless the unit would not read one of them as it is */
+        const void *k_in = mx ? kv_row(p, &p->k, b, hk, js) : NULL;
+        const int mx_k = mx && !(pl->mx->scan(nk, p->Dk, k_in, p->k.stride[2]) & SDPA__MX_UNREAD);
         if (k_half) {
             uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),
                             p->k.stride[2], kv_row(p, &p->k, b, hk, jn), tr.q_row + r0,
                             (float)p->scale, s0, rp);
+        } else if (mx_k) {
+            pl->mx->qk(nk, r1pad - r0, p->Dk, k_in, p->k.stride[2], (const uint32_t *)tr.qmx + r0,
+                       rp, (float)p->scale, s0, rp);
         } else {
             const float *kt =
                 pl->wide_k
@@ -496,15 +515,26 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         if (pl->dropout)
             drop_weights(pl, b, &tr, r0, r1use, js, nk, s);
         float *o0 = o + r0 * pl->dvp;
+        /* V's rows in place for the matrix unit, unless it would not read one as it is, or a
+         * NaN or an Inf in them could meet a hidden key's zero weight (the careful path) */
+        const void *v_in = mx ? kv_row(p, &p->v, b, hk, js) : NULL;
+        int mx_v = 0;
+        if (mx) {
+            const int f = pl->mx->scan(nk, p->Dv, v_in, p->v.stride[2]);
+            mx_v = !(f & SDPA__MX_UNREAD) && !(hidden && (f & SDPA__MX_NONFINITE));
+        }
         /* V as f32 rows where pv_few cannot read it in place, or to look for a NaN or an Inf
          * that a hidden key's zero weight must keep out */
         const float *vt = NULL;
         if (pl->wide_v)
             vt = wide_rows(uk, p, &p->v, b, hk, js, p->Dv, tr.vwide, tr.vready, &ldv);
-        else if (!v_few || hidden)
+        else if (!mx_v && (!v_few || hidden))
             vt = tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
         v_asked = 0;
-        if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
+        if (mx_v) {
+            pl->mx->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, v_in, p->v.stride[2], o0,
+                       pl->dvp);
+        } else if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
             uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
             sdpa__nan_of_visible_zeros(nk, r1use - r0, p->Dv, s0, s0, rp, 1, vt, ldv, o0, pl->dvp);
@@ -726,6 +756,8 @@ static void redo_overflowed_rows(const sdpa__problem *p, sdpa_tensor *out, sdpa_
 static void plan_wide(flash_plan *pl, int workers) {
     const sdpa__problem *p = pl->p;
     const int k = !pl->k_direct, v = !pl->v_direct;
+    if (pl->mx != NULL) /* the matrix unit reads K and V in place */
+        return;
     if (pl->n_qb < WIDE_MIN_BLOCKS || pl->n_qb < 2 * (int64_t)workers || !(k || v))
         return;
     const int64_t tiles = (p->Lk + KEY_TILE - 1) / KEY_TILE;
@@ -737,11 +769,21 @@ static void plan_wide(flash_plan *pl, int workers) {
     pl->n_tiles = tiles;
 }
 
+int sdpa__flash_mx_fits(const sdpa__mx_kernels *mx, const sdpa__problem *p) {
+    if (mx == NULL || KEY_TILE > mx->keys_max)
+        return 0;
+    const int e = mx->elem;
+    return (int)p->q.dtype == e && (int)p->k.dtype == e && (int)p->v.dtype == e &&
+           p->k.stride[3] == 1 && p->v.stride[3] == 1 && p->Dk % mx->dk_step == 0 &&
+           p->Dv % mx->dv_step == 0 && p->Dk <= mx->d_max && p->Dv <= mx->d_max;
+}
+
 /* The plan's fields that depend on the problem and the table only (not the split). */
 static void plan_init(flash_plan *pl, const sdpa__impl *self, const sdpa__problem *p) {
     memset(pl, 0, sizeof *pl);
     pl->p = p;
     pl->uk = self->uk;
+    pl->mx = sdpa__flash_mx_fits(self->mx, p) ? self->mx : NULL;
     pl->bq = TARGET_ROWS / p->group > 1 ? TARGET_ROWS / p->group : 1;
     if (pl->bq > p->Lq)
         pl->bq = p->Lq;

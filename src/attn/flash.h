@@ -11,6 +11,10 @@
 sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                                 sdpa_tensor *out, sdpa_tensor *lse);
 
+/* Whether the tiled forward takes mx's entries for p (mx may be NULL): Q, K and V all mx's
+ * element type, K and V with unit feature stride, Dk and Dv within mx's steps and size. */
+int sdpa__flash_mx_fits(const sdpa__mx_kernels *mx, const sdpa__problem *p);
+
 /* The attention weights (B, Hq, Lq, Lk) F32 of sdpa_weights, every element written once.
  * May fail only with NOMEM, before writing. */
 sdpa_status sdpa__flash_weights(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,

@@ -31,8 +31,11 @@ static sdpa_status ref_backward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
     return sdpa__ref_backward(ctx, p, dout, dq, dk, dv);
 }
 
-static const sdpa__impl reference = {"reference", SDPA_ISA_GENERIC, 0,           NULL,
-                                     NULL,        ref_forward,      ref_weights, ref_backward};
+static const sdpa__impl reference = {.name = "reference",
+                                     .level = SDPA_ISA_GENERIC,
+                                     .forward = ref_forward,
+                                     .weights = ref_weights,
+                                     .backward = ref_backward};
 static const sdpa__impl flash_generic = {.name = "flash-generic",
                                          .level = SDPA_ISA_GENERIC,
                                          .needs = 0,
@@ -56,13 +59,33 @@ static const sdpa__impl flash_avx512 = {.name = "flash-avx512",
                                         .weights = sdpa__flash_weights,
                                         .backward = sdpa__flash_backward};
 #endif
+#if defined(SDPA_HAVE_AMX)
+/* The forward of bf16 problems only; the rest goes down the list to flash-avx512. */
+static int amx_supports(sdpa__op op, const sdpa__problem *p) {
+    return op == SDPA__OP_FORWARD && sdpa__flash_mx_fits(&sdpa__mx_amx, p);
+}
+static const sdpa__impl flash_amx = {
+#if defined(SDPA_AMX_EMULATE)
+    .name = "flash-amx-emulated",
+    .needs = SDPA__NEEDS_AVX512, /* tiles done in C */
+#else
+    .name = "flash-amx",
+    .needs = SDPA__NEEDS_AMX,
+#endif
+    .level = SDPA_ISA_AMX,
+    .uk = &sdpa__uk_avx512,
+    .mx = &sdpa__mx_amx,
+    .supports = amx_supports,
+    .forward = sdpa__flash_forward};
+#endif
 
 static const sdpa__impl *const impls[] = {
-    &reference,
-    &flash_generic,
+    &reference,  &flash_generic,
 #if defined(SDPA_HAVE_X86)
-    &flash_avx2,
-    &flash_avx512,
+    &flash_avx2, &flash_avx512,
+#endif
+#if defined(SDPA_HAVE_AMX)
+    &flash_amx,
 #endif
 };
 enum { N_IMPLS = sizeof impls / sizeof impls[0] };

@@ -46,6 +46,9 @@ struct sdpa__impl {
     sdpa_status (*backward)(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                             const sdpa_tensor *out, const sdpa_tensor *lse, const sdpa_tensor *dout,
                             sdpa_tensor *dq, sdpa_tensor *dk, sdpa_tensor *dv);
+    /* Optional: a matrix unit's entries, which the tiled forward takes where they fit the
+     * problem (sdpa__flash_mx_fits), with uk for the rest. */
+    const sdpa__mx_kernels *mx;
 };
 
 /* Whether impl may run on a CPU with `features` under `cap` (SDPA_ISA_AUTO = no cap). */

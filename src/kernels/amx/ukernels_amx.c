@@ -1,0 +1,393 @@
+/*
+ * ukernels_amx.c — the matrix-unit entries for AMX-BF16 (sdpa__mx_kernels, ukernels.h):
+ * the scores and P V of the tiled forward by TDPBF16PS when Q, K and V are bf16. Compiled
+ * with the AVX-512 and AMX flags for this file only, and called only after the dispatcher has
+ * checked CPUID, XGETBV and Linux's permission for the tile data.
+ *
+ * Every tile is 16 rows of 64 bytes: 16 x 32 bf16 (A, and B in its pairs layout) or 16 x 16
+ * f32 (C). TDPBF16PS(C, A, B) adds to C[m][n] the products A[m][2k+e] B[k][2n+e] (k < 16,
+ * e < 2) of two bf16 values, each exact in f32, summed in f32 by the unit; it reads bf16
+ * subnormals as 0 and flushes subnormal sums to 0, so `scan` finds the slices that hold one
+ * and the driver computes those with the vector table.
+ *
+ * - Scores, transposed as the vector tables leave them (s[j * lds + r]): C = K Q^T, with A the
+ *   caller's K rows read in place (16 keys x 32 features a tile) and B the task's Q in pairs
+ *   (pack_q: features 2p and 2p + 1 of row r side by side, row p of the tile). Tiles of 2 key
+ *   blocks x 2 row blocks share their loads.
+ * - P V: C = the output rows (16 x 16 f32, read and written in place), A = P^T rounded to
+ *   bf16 (16 rows x 32 keys, transposed from the scores' layout through 16 x 16 transposes of
+ *   key pairs), B = V's rows in pairs (keys 2p and 2p + 1 of column c side by side), packed
+ *   once per call for all the row blocks.
+ *
+ * Tile configuration is per thread: each call loads it and releases the tiles at its end, so
+ * nothing of the tile state outlives a call (a worker that then sleeps has no tile data for
+ * the kernel to save).
+ *
+ * SDPA_AMX_EMULATE (cmake -DSDPA_AMX_EMULATE=ON) builds the same code with the tile
+ * instructions done in C (emulated TDPBF16PS: the pairs' products added one at a time, each
+ * sum rounded to nearest, subnormals read and left as 0), so that the table's logic is tested
+ * on CPUs without AMX. The hardware sums differently: on an Intel Xeon (model 207) the last
+ * bit of 4 in 10 of its results differs from this emulation.
+ */
+#include "../ukernels.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+enum {
+    TROWS = 16,    /* rows of every tile */
+    TBYTES = 64,   /* bytes of every tile row */
+    D_MAX = 256,   /* the most features (Dk, Dv) the entries take */
+    KEYS_MAX = 64, /* the most keys a call takes */
+    DK_STEP = 32,  /* Dk: a multiple of an A tile's bf16 columns */
+    DV_STEP = 16   /* Dv: a multiple of a C tile's f32 columns */
+};
+
+#if defined(SDPA_AMX_EMULATE)
+
+static _Thread_local unsigned char emu_tile[8][TROWS * TBYTES];
+
+static void emu_load(int t, const void *base, int64_t stride) {
+    for (int r = 0; r < TROWS; r++)
+        memcpy(emu_tile[t] + r * TBYTES, (const char *)base + r * stride, TBYTES);
+}
+
+static void emu_store(int t, void *base, int64_t stride) {
+    for (int r = 0; r < TROWS; r++)
+        memcpy((char *)base + r * stride, emu_tile[t] + r * TBYTES, TBYTES);
+}
+
+/* A bf16 or f32 value as the unit reads it: a subnormal is 0 (of its sign). */
+static float emu_daz(uint32_t u) {
+    if ((u & 0x7f800000u) == 0)
+        u &= 0x80000000u;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+static float emu_ftz(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return emu_daz(u);
+}
+
+static void emu_dp(int c, int a, int b) {
+    float cm[TROWS * TROWS];
+    uint16_t am[TROWS * 32], bm[TROWS * 32];
+    memcpy(cm, emu_tile[c], sizeof cm);
+    memcpy(am, emu_tile[a], sizeof am);
+    memcpy(bm, emu_tile[b], sizeof bm);
+    for (int m = 0; m < TROWS; m++)
+        for (int n = 0; n < TROWS; n++) {
+            uint32_t u;
+            memcpy(&u, &cm[m * TROWS + n], sizeof u);
+            float x = emu_daz(u);
+            for (int k = 0; k < TROWS; k++)
+                for (int e = 0; e < 2; e++) {
+                    const float pa = emu_daz((uint32_t)am[m * 32 + 2 * k + e] << 16);
+                    const float pb = emu_daz((uint32_t)bm[k * 32 + 2 * n + e] << 16);
+                    x = emu_ftz(x + emu_ftz(pa * pb));
+                }
+            cm[m * TROWS + n] = x;
+        }
+    memcpy(emu_tile[c], cm, sizeof cm);
+}
+
+#define TILES_BEGIN() ((void)0)
+#define TILES_END() ((void)0)
+#define TLOAD(t, base, stride) emu_load(t, base, stride)
+#define TSTORE(t, base, stride) emu_store(t, base, stride)
+#define TZERO(t) memset(emu_tile[t], 0, sizeof emu_tile[t])
+#define TDP(c, a, b) emu_dp(c, a, b)
+
+#else
+
+/* The tile configuration (palette 1): every tile 16 rows of 64 bytes. */
+typedef struct tile_config {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static void tiles_begin(void) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = TBYTES;
+        c.rows[t] = TROWS;
+    }
+    _tile_loadconfig(&c);
+}
+
+#define TILES_BEGIN() tiles_begin()
+#define TILES_END() _tile_release()
+#define TLOAD(t, base, stride) _tile_loadd(t, base, stride)
+#define TSTORE(t, base, stride) _tile_stored(t, base, stride)
+#define TZERO(t) _tile_zero(t)
+#define TDP(c, a, b) _tile_dpbf16ps(c, a, b)
+
+#endif
+
+static uint32_t f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+/* bf16 bits: a subnormal (exponent 0, fraction not 0), which the unit would read as 0. */
+static int bf16_subnormal(uint32_t h) {
+    return (h & 0x7f80u) == 0 && (h & 0x7fu) != 0;
+}
+
+/* Q rows (f32 values, each exactly a bf16 value: widened from bf16) in pairs: qt[p * ldq + r]
+ * holds features 2p (low half) and 2p + 1 (high half) of row r as bf16, for p < dk / 2 and
+ * r < nr, and 0 for the rows up to a multiple of 16. @return nonzero (and nothing packed
+ * usefully) if a value is a bf16 subnormal. */
+static int amx_pack_q(int64_t nr, int64_t dk, const float *const *rows, void *qt_, int64_t ldq) {
+    uint32_t *qt = qt_;
+    const int64_t nrp = (nr + TROWS - 1) / TROWS * TROWS;
+    int sub = 0;
+    for (int64_t r = 0; r < nrp; r++)
+        for (int64_t p = 0; p < dk / 2; p++) {
+            uint32_t pair = 0;
+            if (r < nr) {
+                const uint32_t lo = f32_bits(rows[r][2 * p]) >> 16;
+                const uint32_t hi = f32_bits(rows[r][2 * p + 1]) >> 16;
+                sub |= bf16_subnormal(lo) | bf16_subnormal(hi);
+                pair = lo | hi << 16;
+            }
+            qt[p * ldq + r] = pair;
+        }
+    return sub;
+}
+
+/* Rows [0, n) of x (bf16, row stride ld elements, d features, d a multiple of 32): bit 0 if
+ * one holds a subnormal, bit 1 if one holds a NaN or an Inf. */
+static int amx_scan(int64_t n, int64_t d, const void *x_, int64_t ld) {
+    const uint16_t *x = x_;
+    const __m512i expo = _mm512_set1_epi16(0x7f80), frac = _mm512_set1_epi16(0x007f);
+    __mmask32 sub = 0, bad = 0;
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t c = 0; c < d; c += 32) {
+            const __m512i v = _mm512_loadu_si512(x + j * ld + c);
+            const __m512i e = _mm512_and_si512(v, expo);
+            const __mmask32 zero_e = _mm512_cmpeq_epi16_mask(e, _mm512_setzero_si512());
+            sub |= _mm512_mask_test_epi16_mask(zero_e, v, frac);
+            bad |= _mm512_cmpeq_epi16_mask(e, expo);
+        }
+    return (sub != 0) | (bad != 0) << 1;
+}
+
+/* s[j * lds + r] = scale * sum_d k[j * ldk + d] q[r][d] for j < nk <= 64, r < nr (a multiple
+ * of 16), with qt from amx_pack_q (row r0 of the pairs at qt, row stride ldq pairs). Rows of
+ * s from nk up to a multiple of 16 are written too (with scores of zero keys). */
+static void amx_qk(int64_t nk, int64_t nr, int64_t dk, const void *k_, int64_t ldk, const void *qt_,
+                   int64_t ldq, float scale, float *s, int64_t lds) {
+    const uint16_t *k = k_;
+    const uint32_t *qt = qt_;
+    const int64_t nkb = (nk + TROWS - 1) / TROWS, full = nk / TROWS, nrb = nr / TROWS;
+    /* the last block of keys, when partial, from a copy padded with zero rows: a tile load
+     * of 16 rows would read past the keys (past the tensor, or the page) */
+    _Alignas(64) uint16_t tail[TROWS * D_MAX];
+    if (full < nkb) {
+        memset(tail, 0, (size_t)(TROWS * dk) * sizeof *tail);
+        for (int64_t j = 0; j < nk - full * TROWS; j++)
+            memcpy(tail + j * dk, k + (full * TROWS + j) * ldk, (size_t)dk * sizeof *tail);
+    }
+    const int64_t qs = ldq * 4;
+    TILES_BEGIN();
+    for (int64_t kb = 0; kb < nkb; kb += 2) {
+        const int two_k = kb + 1 < nkb;
+        const uint16_t *a0 = kb < full ? k + kb * TROWS * ldk : tail;
+        const uint16_t *a1 = kb + 1 < full ? k + (kb + 1) * TROWS * ldk : tail;
+        const int64_t sa0 = (kb < full ? ldk : dk) * 2, sa1 = (kb + 1 < full ? ldk : dk) * 2;
+        for (int64_t rb = 0; rb < nrb; rb += 2) {
+            const int two_r = rb + 1 < nrb;
+            TZERO(0);
+            TZERO(1);
+            TZERO(2);
+            TZERO(3);
+            for (int64_t dc = 0; dc < dk / 32; dc++) {
+                const uint32_t *b0 = qt + dc * 16 * ldq + rb * TROWS;
+                TLOAD(4, a0 + dc * 32, sa0);
+                TLOAD(6, b0, qs);
+                TDP(0, 4, 6);
+                if (two_r) {
+                    TLOAD(7, b0 + TROWS, qs);
+                    TDP(1, 4, 7);
+                }
+                if (two_k) {
+                    TLOAD(5, a1 + dc * 32, sa1);
+                    TDP(2, 5, 6);
+                    if (two_r)
+                        TDP(3, 5, 7);
+                }
+            }
+            float *c0 = s + kb * TROWS * lds + rb * TROWS;
+            TSTORE(0, c0, lds * 4);
+            if (two_r)
+                TSTORE(1, c0 + TROWS, lds * 4);
+            if (two_k) {
+                TSTORE(2, c0 + TROWS * lds, lds * 4);
+                if (two_r)
+                    TSTORE(3, c0 + TROWS * lds + TROWS, lds * 4);
+            }
+        }
+    }
+    TILES_END();
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t r = 0; r < nr; r += 16)
+            _mm512_storeu_ps(s + j * lds + r, _mm512_mul_ps(sc, _mm512_loadu_ps(s + j * lds + r)));
+}
+
+/* bf16 of 16 f32 values (to nearest, ties to even; a NaN stays a quiet NaN), in the low half
+ * of each 32-bit lane. */
+INLINE __m512i bf16_lanes(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_mov_epi32(
+        r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+}
+
+/* Transposes the 16 x 16 32-bit matrix x (row i in x[i]). */
+INLINE void transpose16(__m512i x[16]) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
+    }
+    /* b[4g + k]: within 128-bit lane L, column 4L + k of rows 4g .. 4g + 3 */
+    for (int g = 0; g < 4; g++) {
+        b[4 * g] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
+        b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        const __m512i d0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x88);
+        const __m512i e0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xdd);
+        const __m512i d1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x88);
+        const __m512i e1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xdd);
+        x[k] = _mm512_shuffle_i32x4(d0, d1, 0x88);
+        x[8 + k] = _mm512_shuffle_i32x4(d0, d1, 0xdd);
+        x[4 + k] = _mm512_shuffle_i32x4(e0, e1, 0x88);
+        x[12 + k] = _mm512_shuffle_i32x4(e0, e1, 0xdd);
+    }
+}
+
+/* o[r * ldo + c] = alpha[r] o[r * ldo + c] + sum_j bf16(p[j * ldp + r]) v[j * ldv + c] for
+ * r < nr, c < dv (a multiple of 16), j < nk <= 64, with v bf16 rows read in place (no
+ * subnormal in them, and no NaN or Inf where a weight is a hidden key's -0.0). Rows of o
+ * from nr up to a multiple of 16 (padding rows of the task) are written too. */
+static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
+                   const float *alpha, const void *v_, int64_t ldv, float *o, int64_t ldo) {
+    const uint16_t *v = v_;
+    const int64_t nk32 = (nk + 31) / 32 * 32, npairs = nk32 / 2;
+    /* V in pairs: vp[kp * dv + c] = v[2kp][c] | v[2kp + 1][c] << 16, zero past the keys */
+    _Alignas(64) uint32_t vp[KEYS_MAX / 2 * D_MAX];
+    for (int64_t kp = 0; kp < npairs; kp++) {
+        const int64_t j = 2 * kp;
+        for (int64_t c = 0; c < dv; c += 16) {
+            const __m512i lo =
+                j < nk ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(v + j * ldv + c)))
+                       : _mm512_setzero_si512();
+            const __m512i hi = j + 1 < nk ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                (const void *)(v + (j + 1) * ldv + c)))
+                                          : _mm512_setzero_si512();
+            _mm512_store_si512(vp + kp * dv + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+    }
+    /* P^T of a block of 16 rows: pt[r * KEYS_MAX + j] */
+    _Alignas(64) uint16_t pt[TROWS * KEYS_MAX];
+    const int64_t nrb = (nr + TROWS - 1) / TROWS, ncb = dv / 16;
+    TILES_BEGIN();
+    for (int64_t rb = 0; rb < nrb; rb++) {
+        const int64_t r0 = rb * TROWS, rn = nr - r0 < TROWS ? nr - r0 : TROWS;
+        for (int64_t r = 0; r < rn; r++) {
+            const float a = alpha[r0 + r];
+            if (a == 1.0f)
+                continue;
+            const __m512 av = _mm512_set1_ps(a);
+            for (int64_t c = 0; c < dv; c += 16)
+                _mm512_storeu_ps(o + (r0 + r) * ldo + c,
+                                 _mm512_mul_ps(av, _mm512_loadu_ps(o + (r0 + r) * ldo + c)));
+        }
+        for (int64_t kc = 0; kc < nk32; kc += 32) {
+            __m512i x[16];
+            for (int64_t q = 0; q < 16; q++) {
+                const int64_t j = kc + 2 * q;
+                const __m512 p0 = j < nk ? _mm512_loadu_ps(p + j * ldp + r0) : _mm512_setzero_ps();
+                const __m512 p1 =
+                    j + 1 < nk ? _mm512_loadu_ps(p + (j + 1) * ldp + r0) : _mm512_setzero_ps();
+                x[q] = _mm512_or_si512(bf16_lanes(p0), _mm512_slli_epi32(bf16_lanes(p1), 16));
+            }
+            transpose16(x);
+            for (int r = 0; r < 16; r++)
+                _mm512_store_si512(pt + r * KEYS_MAX + kc, x[r]);
+        }
+        for (int64_t cb = 0; cb < ncb; cb += 4) {
+            const int64_t n = ncb - cb < 4 ? ncb - cb : 4;
+            float *c0 = o + r0 * ldo + cb * 16;
+            TLOAD(0, c0, ldo * 4);
+            if (n > 1)
+                TLOAD(1, c0 + 16, ldo * 4);
+            if (n > 2)
+                TLOAD(2, c0 + 32, ldo * 4);
+            if (n > 3)
+                TLOAD(3, c0 + 48, ldo * 4);
+            for (int64_t kc = 0; kc < nk32; kc += 32) {
+                const uint32_t *b = vp + kc / 2 * dv + cb * 16;
+                TLOAD(4, pt + kc, KEYS_MAX * 2);
+                TLOAD(5, b, dv * 4);
+                TDP(0, 4, 5);
+                if (n > 1) {
+                    TLOAD(6, b + 16, dv * 4);
+                    TDP(1, 4, 6);
+                }
+                if (n > 2) {
+                    TLOAD(7, b + 32, dv * 4);
+                    TDP(2, 4, 7);
+                }
+                if (n > 3) {
+                    TLOAD(5, b + 48, dv * 4);
+                    TDP(3, 4, 5);
+                }
+            }
+            TSTORE(0, c0, ldo * 4);
+            if (n > 1)
+                TSTORE(1, c0 + 16, ldo * 4);
+            if (n > 2)
+                TSTORE(2, c0 + 32, ldo * 4);
+            if (n > 3)
+                TSTORE(3, c0 + 48, ldo * 4);
+        }
+    }
+    TILES_END();
+}
+
+const sdpa__mx_kernels sdpa__mx_amx = {
+#if defined(SDPA_AMX_EMULATE)
+    .name = "amx-emulated",
+#else
+    .name = "amx",
+#endif
+    .elem = SDPA__ELEM_BF16,
+    .dk_step = DK_STEP,
+    .dv_step = DV_STEP,
+    .d_max = D_MAX,
+    .keys_max = KEYS_MAX,
+    .pack_q = amx_pack_q,
+    .scan = amx_scan,
+    .qk = amx_qk,
+    .pv = amx_pv,
+};
