@@ -48,6 +48,10 @@
 #include <string.h>
 
 enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
+/* The rows of a task whose slices a matrix unit takes: each task reads all of its head's K
+ * and V (and looks them over with mx->scan, packs V's pairs), so that work is shared by more
+ * rows; its arithmetic per key is a few tile instructions. */
+enum { MX_TARGET_ROWS = 256 };
 
 /* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
  * decode step: B x Hkv tasks of one or a few rows -- cannot keep many workers busy, so each
@@ -784,7 +788,8 @@ static void plan_init(flash_plan *pl, const sdpa__impl *self, const sdpa__proble
     pl->p = p;
     pl->uk = self->uk;
     pl->mx = sdpa__flash_mx_fits(self->mx, p) ? self->mx : NULL;
-    pl->bq = TARGET_ROWS / p->group > 1 ? TARGET_ROWS / p->group : 1;
+    const int64_t target = pl->mx != NULL ? MX_TARGET_ROWS : TARGET_ROWS;
+    pl->bq = target / p->group > 1 ? target / p->group : 1;
     if (pl->bq > p->Lq)
         pl->bq = p->Lq;
     pl->n_qb = (p->Lq + pl->bq - 1) / pl->bq;

@@ -70,7 +70,7 @@ static const sdpa__impl flash_amx = {
     .needs = SDPA__NEEDS_AVX512, /* tiles done in C */
 #else
     .name = "flash-amx",
-    .needs = SDPA__NEEDS_AMX,
+    .needs = SDPA__NEEDS_AMX | SDPA__CPU_AVX512_BF16,
 #endif
     .level = SDPA_ISA_AMX,
     .uk = &sdpa__uk_avx512,

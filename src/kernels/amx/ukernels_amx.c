@@ -247,6 +247,7 @@ static void amx_qk(int64_t nk, int64_t nr, int64_t dk, const void *k_, int64_t l
             _mm512_storeu_ps(s + j * lds + r, _mm512_mul_ps(sc, _mm512_loadu_ps(s + j * lds + r)));
 }
 
+#if defined(SDPA_AMX_EMULATE)
 /* bf16 of 16 f32 values (to nearest, ties to even; a NaN stays a quiet NaN), in the low half
  * of each 32-bit lane. */
 INLINE __m512i bf16_lanes(__m512 x) {
@@ -258,6 +259,27 @@ INLINE __m512i bf16_lanes(__m512 x) {
     return _mm512_mask_mov_epi32(
         r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
 }
+
+/* The weights of two keys for 16 rows, as bf16 pairs: lane r holds p0[r] (low half) and
+ * p1[r] (high half), each to nearest, ties to even. */
+INLINE __m512i bf16_pairs(__m512 p0, __m512 p1) {
+    return _mm512_or_si512(bf16_lanes(p0), _mm512_slli_epi32(bf16_lanes(p1), 16));
+}
+#else
+/* The same by VCVTNE2PS2BF16 (AVX512-BF16, which every CPU with AMX-BF16 has): to nearest,
+ * ties to even, a NaN quiet; it reads an f32 subnormal as 0, as TDPBF16PS would read the
+ * bf16 it rounds to. One conversion gives the 16 words of p0 then those of p1; VPERMW
+ * interleaves them. */
+INLINE __m512i bf16_pairs(__m512 p0, __m512 p1) {
+    const __m512i words = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+    /* word 2r of the result is word r of `words`, word 2r + 1 is word 16 + r */
+    const __m512i inter =
+        _mm512_set_epi32(0x001f000f, 0x001e000e, 0x001d000d, 0x001c000c, 0x001b000b, 0x001a000a,
+                         0x00190009, 0x00180008, 0x00170007, 0x00160006, 0x00150005, 0x00140004,
+                         0x00130003, 0x00120002, 0x00110001, 0x00100000);
+    return _mm512_permutexvar_epi16(inter, words);
+}
+#endif
 
 /* Transposes the 16 x 16 32-bit matrix x (row i in x[i]). */
 INLINE void transpose16(__m512i x[16]) {
@@ -307,12 +329,14 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
             _mm512_store_si512(vp + kp * dv + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
     }
-    /* P^T of a block of 16 rows: pt[r * KEYS_MAX + j] */
-    _Alignas(64) uint16_t pt[TROWS * KEYS_MAX];
+    /* P^T of a block of 16 rows: pt[r * KEYS_MAX + j]; two, taken in turn, so that a block's
+     * transposes need not wait for the tile loads of the block before */
+    _Alignas(64) uint16_t pts[2][TROWS * KEYS_MAX];
     const int64_t nrb = (nr + TROWS - 1) / TROWS, ncb = dv / 16;
     TILES_BEGIN();
     for (int64_t rb = 0; rb < nrb; rb++) {
         const int64_t r0 = rb * TROWS, rn = nr - r0 < TROWS ? nr - r0 : TROWS;
+        uint16_t *pt = pts[rb & 1];
         for (int64_t r = 0; r < rn; r++) {
             const float a = alpha[r0 + r];
             if (a == 1.0f)
@@ -329,7 +353,7 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
                 const __m512 p0 = j < nk ? _mm512_loadu_ps(p + j * ldp + r0) : _mm512_setzero_ps();
                 const __m512 p1 =
                     j + 1 < nk ? _mm512_loadu_ps(p + (j + 1) * ldp + r0) : _mm512_setzero_ps();
-                x[q] = _mm512_or_si512(bf16_lanes(p0), _mm512_slli_epi32(bf16_lanes(p1), 16));
+                x[q] = bf16_pairs(p0, p1);
             }
             transpose16(x);
             for (int r = 0; r < 16; r++)
