@@ -225,8 +225,8 @@ SDPA_API int sdpa_ctx_n_threads(const sdpa_ctx *ctx);
 
 /* @return the instruction-set level of the kernels sdpa_forward actually runs on this
  *         context: the best implementation whose CPU features (and, for AMX, the OS's tile
- *         permission) are present and whose level the caps allow. A CPU may offer a level
- *         that no implementation uses yet (AMX without an AMX table reports avx512).
+ *         permission) are present and whose level the caps allow ("amx" where flash-amx
+ *         runs: it takes the forward of bf16 problems, flash-avx512 everything else).
  *         NULL ctx gives SDPA_ISA_GENERIC. */
 SDPA_API sdpa_isa sdpa_ctx_isa(const sdpa_ctx *ctx);
 
@@ -237,9 +237,9 @@ SDPA_API sdpa_isa sdpa_ctx_isa(const sdpa_ctx *ctx);
  *         NULL ctx gives SDPA_ISA_GENERIC. */
 SDPA_API sdpa_isa sdpa_ctx_cpu_isa(const sdpa_ctx *ctx);
 
-/* @return the name of the implementation sdpa_forward runs on this context ("flash-avx512",
- *         "flash-avx2", "flash-generic", "reference"), for reports and benchmarks. Static
- *         storage; NULL ctx gives "". */
+/* @return the name of the implementation sdpa_forward runs on this context ("flash-amx",
+ *         "flash-avx512", "flash-avx2", "flash-generic", "reference"), for reports and
+ *         benchmarks. Static storage; NULL ctx gives "". */
 SDPA_API const char *sdpa_ctx_kernel(const sdpa_ctx *ctx);
 
 /* @return a multi-line, human-readable description of what the CPU offers, which cap applied
@@ -304,7 +304,10 @@ typedef struct sdpa_params {
  *
  * Output. O_i = sum_j p_ij v_j with p_ij = exp(s_ij - LSE_i) over the visible keys, and
  * LSE_i = log(sum_j exp(s_ij)) (natural log). Every sum is accumulated in at least f32;
- * half-precision inputs are widened exactly and outputs rounded once, at the end. Values near
+ * half-precision inputs are widened exactly and outputs rounded once, at the end. One
+ * exception: where Q, K and V are all bf16 and the CPU has AMX (flash-amx), the weights p_ij
+ * are rounded to bf16 before they multiply V, as FlashAttention does (docs/numerics.md gives
+ * the measured error); max_isa = SDPA_ISA_AVX512 keeps them in f32. Values near
  * f32's limit: when the scores are finite and the exact O_i is finite in f32, the result is
  * finite, even where the weights' unnormalised sum times V passes FLT_MAX (V = 1e35 over 4096
  * equally weighted keys): the fast kernels compute such a row again in double.

@@ -190,7 +190,7 @@ void fz_violation(const char *fmt, ...) {
 
 /* ---- contexts: one per (ISA cap, thread count), created once and reused ------------------- */
 
-static sdpa_ctx *contexts[SDPA_ISA_AVX512 + 1][5];
+static sdpa_ctx *contexts[SDPA_ISA_AMX + 1][5];
 
 static sdpa_ctx *get_ctx(int isa, int threads) {
     if (contexts[isa][threads] == NULL)
@@ -198,12 +198,12 @@ static sdpa_ctx *get_ctx(int isa, int threads) {
     return contexts[isa][threads];
 }
 
-/* The best of generic/avx2/avx512 this CPU has: a higher cap would be lowered silently and
- * only duplicate a context. */
+/* The best of generic/avx2/avx512/amx this CPU has: a higher cap would be lowered silently
+ * and only duplicate a context. */
 static int best_isa(void) {
     static int best = 0;
     if (best == 0)
-        best = (int)sdpa_ctx_isa(get_ctx(SDPA_ISA_AVX512, 1));
+        best = (int)sdpa_ctx_isa(get_ctx(SDPA_ISA_AMX, 1));
     return best;
 }
 

@@ -239,6 +239,11 @@ int fz_rule_ok(const char *what, const double *test, const double *lp, const dou
                size_t n, sdpa_dtype dt, double k, double noise, const unsigned char *ill,
                size_t row_len);
 void fz_f32_noise(const fz_case *c, double *out, double *lse);
+/* The dtype of the case's same-precision baseline (testing.md): out's, except where a matrix
+ * unit may run (an AMX cap) on bf16 Q, K and V: it rounds the weights to bf16, so the baseline
+ * is the inputs' precision, bf16. And the rule's k for that baseline. */
+int fz_lp_dtype(const fz_case *c);
+double fz_rule_k(int lp_dtype);
 
 /* ---- fuzz_api_kv.c ---- */
 

@@ -285,6 +285,17 @@ sdpa_tensor *fz_arg_out(fz_tensor *f) {
     return !f->used || f->null_tensor ? NULL : &f->t;
 }
 
+int fz_lp_dtype(const fz_case *c) {
+    if (c->isa >= SDPA_ISA_AMX && c->q.t.dtype == SDPA_BF16 && c->k.t.dtype == SDPA_BF16 &&
+        c->v.t.dtype == SDPA_BF16)
+        return SDPA_BF16;
+    return (int)c->out.t.dtype;
+}
+
+double fz_rule_k(int lp_dtype) {
+    return lp_dtype == SDPA_F32 ? 3.0 : 2.0;
+}
+
 double *fz_check_forward_result(fz_case *c, sdpa_ctx *ctx, const sdpa_params *pr) {
     const int64_t rows = c->B * c->Hq * c->Lq;
     const size_t n_out = (size_t)(rows * c->Dv);
@@ -308,8 +319,9 @@ double *fz_check_forward_result(fz_case *c, sdpa_ctx *ctx, const sdpa_params *pr
             fz_check_positions("lse", t_l, g_l, (size_t)rows);
     } else {
         double *lp_o = malloc(n_out * sizeof *lp_o), *lp_l = malloc((size_t)rows * sizeof *lp_l);
-        tu_naive_forward(&c->q.t, &c->k.t, &c->v.t, pr, (int)c->out.t.dtype, lp_o, lp_l);
-        const double k = c->out.t.dtype == SDPA_F32 ? 3.0 : 2.0;
+        const int lp_dt = fz_lp_dtype(c);
+        tu_naive_forward(&c->q.t, &c->k.t, &c->v.t, pr, lp_dt, lp_o, lp_l);
+        const double k = fz_rule_k(lp_dt);
         /* no NMSE gate: where the baseline itself is far off (peaky rows, -1e9 masks in f16)
          * the ratio already adapts, and NMSE would only flag the problem, not the library */
         double noise_o, noise_l;
@@ -319,7 +331,7 @@ double *fz_check_forward_result(fz_case *c, sdpa_ctx *ctx, const sdpa_params *pr
              * oracle, which does (its LSE is the same either way), and a kept weight is
              * scaled by up to 1 / (1 - p), and so is the noise of out */
             fz_naive lpn;
-            fz_naive_run(c, (int)c->out.t.dtype, 0, &lpn);
+            fz_naive_run(c, lp_dt, 0, &lpn);
             memcpy(lp_o, lpn.o, n_out * sizeof *lp_o);
             fz_naive_free(&lpn);
             noise_o *= fz_zmax(c);

@@ -330,7 +330,7 @@ static void sequence_oracle(fz_case *c, sdpa_ctx *ctx, const kv_args *a, int64_t
                      sdpa_status_name(st), sdpa_ctx_last_error(ctx));
     double *lo = kv_alloc((size_t)(Hq * sq * Dv) * sizeof(double));
     double *ll = kv_alloc((size_t)(Hq * sq) * sizeof(double));
-    tu_naive_forward(&q, &k, &v, &ns, (int)c->out.t.dtype, lo, ll);
+    tu_naive_forward(&q, &k, &v, &ns, fz_lp_dtype(c), lo, ll);
     const int additive = p.mask != NULL && p.mask->dtype != SDPA_BOOL;
     for (int64_t h = 0; h < Hq; h++)
         for (int64_t i = 0; i < sq; i++) {
@@ -465,7 +465,7 @@ void fz_check_kv(fz_case *c, sdpa_ctx *ctx, sdpa_ctx *ctx2) {
     } else {
         double noise_o, noise_l;
         fz_f32_noise(c, &noise_o, &noise_l);
-        const double k = c->out.t.dtype == SDPA_F32 ? 3.0 : 2.0;
+        const double k = fz_rule_k(fz_lp_dtype(c));
         if (!fz_rule_ok("kv out", t_o, w.lp_o, w.o, n_out, c->out.t.dtype, k, noise_o, w.ill,
                         (size_t)c->Dv))
             fz_violation("sdpa_forward_kv's out fails the rule against the golden of each "
