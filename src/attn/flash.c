@@ -49,7 +49,8 @@
 
 enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
 /* The rows of a task whose slices a matrix unit takes: each task reads all of its head's K
- * and V (and looks them over with mx->scan, packs V's pairs), so that work is shared by more
+ * and V (looks them over for values the unit does not read as they are, packs V's pairs), so
+ * that work is shared by more
  * rows; its arithmetic per key is a few tile instructions. */
 enum { MX_TARGET_ROWS = 256 };
 
@@ -183,7 +184,7 @@ typedef struct task_scratch {
     int64_t *wide_bh;
     float *kwide, *vwide;
     unsigned char *kready, *vready;
-    void *qmx; /* Q packed by mx->pack_q: Dk / 2 x rp 32-bit words */
+    void *qmx; /* Q packed by mx->pack_q: (Dk / 2 + 1) x rp 32-bit words */
 } task_scratch;
 
 /* Takes `bytes` from the region at base (NULL: only measures), each piece 64-byte aligned. */
@@ -228,7 +229,7 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     ts->vready = take(base, &at, pl->wide_v ? tiles : 0);
     ts->kwide = take(base, &at, pl->wide_k ? keys * (size_t)p->Dk * f : 0);
     ts->vwide = take(base, &at, pl->wide_v ? keys * (size_t)p->Dv * f : 0);
-    ts->qmx = take(base, &at, pl->mx != NULL ? (size_t)p->Dk / 2 * rp * 4 : 0);
+    ts->qmx = take(base, &at, pl->mx != NULL ? ((size_t)p->Dk / 2 + 1) * rp * 4 : 0);
     return at;
 }
 
@@ -433,9 +434,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     task_scratch tr;
     task_begin(pl, task, worker, 0, &t, &tr);
     int q_packed = 0;
-    /* the matrix unit's entries take the task's slices, unless Q holds a value the unit does
-     * not read as it is (then the vector table takes them all) */
-    int mx_q = pl->mx != NULL, mx_packed = 0;
+    int mx_packed = 0; /* Q packed for the matrix unit */
     const sdpa__problem *p = t.p;
     const int64_t b = t.b, hk = t.hk, bh = t.bh, qb = t.qb, rows = t.rows, rp = pl->rp;
     const int64_t rows_all = t.rows_all;
@@ -475,22 +474,19 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             if (!pl->k_direct && !pl->wide_k && !k_half && next > 0)
                 prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
         }
-        int mx = mx_q && !few;
+        /* the matrix unit's entries, K and V read in place */
+        const int mx = pl->mx != NULL && !few;
         if (mx && !mx_packed) {
             mx_packed = 1;
-            if (pl->mx->pack_q(rows, p->Dk, tr.q_row, tr.qmx, rp))
-                mx = mx_q = 0;
+            pl->mx->pack_q(rows, p->Dk, tr.q_row, tr.qmx, rp);
         }
-        /* K's rows in place, unless the unit would not read one of them as it is */
-        const void *k_in = mx ? kv_row(p, &p->k, b, hk, js) : NULL;
-        const int mx_k = mx && !(pl->mx->scan(nk, p->Dk, k_in, p->k.stride[2]) & SDPA__MX_UNREAD);
         if (k_half) {
             uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),
                             p->k.stride[2], kv_row(p, &p->k, b, hk, jn), tr.q_row + r0,
                             (float)p->scale, s0, rp);
-        } else if (mx_k) {
-            pl->mx->qk(nk, r1pad - r0, p->Dk, k_in, p->k.stride[2], (const uint32_t *)tr.qmx + r0,
-                       rp, (float)p->scale, s0, rp);
+        } else if (mx) {
+            pl->mx->qk(nk, r1pad - r0, p->Dk, kv_row(p, &p->k, b, hk, js), p->k.stride[2],
+                       (const uint32_t *)tr.qmx + r0, rp, (float)p->scale, s0, rp);
         } else {
             const float *kt =
                 pl->wide_k
@@ -519,25 +515,17 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         if (pl->dropout)
             drop_weights(pl, b, &tr, r0, r1use, js, nk, s);
         float *o0 = o + r0 * pl->dvp;
-        /* V's rows in place for the matrix unit, unless it would not read one as it is, or a
-         * NaN or an Inf in them could meet a hidden key's zero weight (the careful path) */
-        const void *v_in = mx ? kv_row(p, &p->v, b, hk, js) : NULL;
-        int mx_v = 0;
-        if (mx) {
-            const int f = pl->mx->scan(nk, p->Dv, v_in, p->v.stride[2]);
-            mx_v = !(f & SDPA__MX_UNREAD) && !(hidden && (f & SDPA__MX_NONFINITE));
-        }
         /* V as f32 rows where pv_few cannot read it in place, or to look for a NaN or an Inf
          * that a hidden key's zero weight must keep out */
         const float *vt = NULL;
         if (pl->wide_v)
             vt = wide_rows(uk, p, &p->v, b, hk, js, p->Dv, tr.vwide, tr.vready, &ldv);
-        else if (!mx_v && (!v_few || hidden))
+        else if (!mx && (!v_few || hidden))
             vt = tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
         v_asked = 0;
-        if (mx_v) {
-            pl->mx->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, v_in, p->v.stride[2], o0,
-                       pl->dvp);
+        if (mx) { /* (which keeps a hidden key's NaN out itself) */
+            pl->mx->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, kv_row(p, &p->v, b, hk, js),
+                       p->v.stride[2], o0, pl->dvp);
         } else if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
             uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
@@ -560,9 +548,12 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     for (int64_t r = 0; r < rows_all; r++) {
         const int64_t h = tr.h[r], i = tr.i[r];
         /* a row the sequence lacks (r >= rows) saw nothing, though as a padding lane of the
-         * softmax it may have gathered a running sum */
-        if (r >= rows)
+         * softmax it may have gathered a running sum, and the matrix unit, which writes whole
+         * blocks of 16 rows, an accumulator (of any value: 0 x NaN must not reach the output) */
+        if (r >= rows) {
             l[r] = 0.0f;
+            memset(o + r * pl->dvp, 0, (size_t)p->Dv * sizeof *o);
+        }
         float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         if (sdpa__has_inf(o + r * pl->dvp, p->Dv))
             atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);

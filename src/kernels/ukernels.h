@@ -135,8 +135,7 @@ typedef struct sdpa__ukernels {
  * operands read as they are, where Q, K and V are all `elem` (sdpa__flash_mx_fits, flash.h).
  * They sum the products in the unit's own order, and P V rounds the weights to elem first, so
  * they are not bitwise the vector table's (docs/numerics.md). The driver keeps the vector
- * table for everything else (the softmax, and slices that `scan` finds a value in that the
- * unit would not read as it is). */
+ * table for everything else (the softmax, the rules, the decode kernels). */
 typedef struct sdpa__mx_kernels {
     const char *name;
     int elem;     /* the element type of Q, K and V (enum sdpa__elem) */
@@ -145,29 +144,22 @@ typedef struct sdpa__mx_kernels {
     int d_max;    /* the most features Dk and Dv may have */
     int keys_max; /* the most keys qk and pv take in one call */
     /* Q rows (f32 values, each exactly an elem value) in the unit's layout for qk, rows from
-     * nr up to a multiple of 16 zero; qt holds dk * ldq / 2 32-bit words (half of pack_q's
-     * f32 tile). @return nonzero if a value is one the unit does not read as it is (then
-     * qk must not be used for these rows). */
-    int (*pack_q)(int64_t nr, int64_t dk, const float *const *rows, void *qt, int64_t ldq);
-    /* Rows [0, n) of x (elem, row stride ld elements, d features, d a multiple of dk_step or
-     * dv_step): bit 0 (SDPA__MX_UNREAD) if one holds a value the unit does not read as it is
-     * (a subnormal: read as 0), bit 1 (SDPA__MX_NONFINITE) if one holds a NaN or an Inf. */
-    int (*scan)(int64_t n, int64_t d, const void *x, int64_t ld);
+     * nr up to a multiple of 16 zero; qt holds (dk / 2 + 1) * ldq 32-bit words. */
+    void (*pack_q)(int64_t nr, int64_t dk, const float *const *rows, void *qt, int64_t ldq);
     /* s[j * lds + r] = scale * sum_d k[j * ldk + d] q[r][d] for j < nk <= keys_max and r < nr
      * (a multiple of 16), with the rows of Q packed by pack_q (row r0 at qt + r0 words, row
-     * stride ldq) and K's rows (elem, unit feature stride) read in place, none of them
-     * flagged by scan. Rows of s from nk up to a multiple of 16 are written too. */
+     * stride ldq) and K's rows (elem, unit feature stride) read in place, every value as it
+     * is (a subnormal too). A key's values change no other key's scores. Rows of s from nk up
+     * to a multiple of 16 are written too. */
     void (*qk)(int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk, const void *qt,
                int64_t ldq, float scale, float *s, int64_t lds);
     /* pv's o = alpha o + P V (its layouts) with P rounded to elem and V's rows (elem, unit
-     * feature stride) read in place: none flagged SDPA__MX_UNREAD, nor SDPA__MX_NONFINITE
-     * where a weight is a hidden key's -0.0. nk <= keys_max; rows of o from nr up to a
-     * multiple of 16 (padding rows of the task) are written too. */
+     * feature stride) read in place, every value as it is; a key whose weight is -0.0 (hidden)
+     * changes no bit of o, whatever its V holds (NaN, Inf): pv_careful's guarantee. nk <=
+     * keys_max. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,
                const void *v, int64_t ldv, float *o, int64_t ldo);
 } sdpa__mx_kernels;
-
-enum { SDPA__MX_UNREAD = 1, SDPA__MX_NONFINITE = 2 };
 
 /* The AMX-BF16 entries (src/kernels/amx/), built where the compiler targets AMX (or with
  * SDPA_AMX_EMULATE, the tile instructions emulated in C). */

@@ -348,7 +348,7 @@ static void sequence_oracle(fz_case *c, sdpa_ctx *ctx, const kv_args *a, int64_t
                     const double top = fmax(lp_lse, s);
                     const double x = exp(lp_lse - top), sum = x + exp(s - top);
                     for (int64_t d = 0; d < Dv; d++)
-                        lp_row[d] = tu_round((int)c->out.t.dtype, lp_row[d] * (x / sum));
+                        lp_row[d] = tu_round(fz_lp_dtype(c), lp_row[d] * (x / sum));
                     lp_lse = (double)(float)(top + log(sum));
                 }
             }

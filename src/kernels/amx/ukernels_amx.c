@@ -7,17 +7,20 @@
  * Every tile is 16 rows of 64 bytes: 16 x 32 bf16 (A, and B in its pairs layout) or 16 x 16
  * f32 (C). TDPBF16PS(C, A, B) adds to C[m][n] the products A[m][2k+e] B[k][2n+e] (k < 16,
  * e < 2) of two bf16 values, each exact in f32, summed in f32 by the unit; it reads bf16
- * subnormals as 0 and flushes subnormal sums to 0, so `scan` finds the slices that hold one
- * and the driver computes those with the vector table.
+ * subnormals as 0 and flushes subnormal sums to 0. So the scores of a key or a query row that
+ * holds a subnormal are formed again with f32 FMAs, and a subnormal, NaN or Inf of V goes to
+ * the unit as 0 and has its products added in f32 after, for the rows that see its key only
+ * (a hidden key's weight, -0.0, must never meet a NaN).
  *
  * - Scores, transposed as the vector tables leave them (s[j * lds + r]): C = K Q^T, with A the
  *   caller's K rows read in place (16 keys x 32 features a tile) and B the task's Q in pairs
  *   (pack_q: features 2p and 2p + 1 of row r side by side, row p of the tile). Tiles of 2 key
  *   blocks x 2 row blocks share their loads.
- * - P V: C = the output rows (16 x 16 f32, read and written in place), A = P^T rounded to
- *   bf16 (16 rows x 32 keys, transposed from the scores' layout through 16 x 16 transposes of
- *   key pairs), B = V's rows in pairs (keys 2p and 2p + 1 of column c side by side), packed
- *   once per call for all the row blocks.
+ * - P V: C = a zeroed 16 x 16 f32 tile, A = P^T rounded to bf16 (16 rows x 32 keys,
+ *   transposed from the scores' layout through 16 x 16 transposes of key pairs), B = V's rows
+ *   in pairs (keys 2p and 2p + 1 of column c side by side), packed once per call for all the
+ *   row blocks; then o = alpha o + C by one FMA a value, so that the f32 accumulator never
+ *   passes through a tile (the unit flushes subnormal sums, and its C input, to 0).
  *
  * Tile configuration is per thread: each call loads it and releases the tiles at its end, so
  * nothing of the tile state outlives a call (a worker that then sleeps has no tile data for
@@ -32,6 +35,7 @@
 #include "../ukernels.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -147,46 +151,75 @@ static int bf16_subnormal(uint32_t h) {
 
 /* Q rows (f32 values, each exactly a bf16 value: widened from bf16) in pairs: qt[p * ldq + r]
  * holds features 2p (low half) and 2p + 1 (high half) of row r as bf16, for p < dk / 2 and
- * r < nr, and 0 for the rows up to a multiple of 16. @return nonzero (and nothing packed
- * usefully) if a value is a bf16 subnormal. */
-static int amx_pack_q(int64_t nr, int64_t dk, const float *const *rows, void *qt_, int64_t ldq) {
+ * r < nr, and 0 for the rows up to a multiple of 16; then, as row dk / 2, whether row r holds
+ * a subnormal (nonzero), which the unit would read as 0: amx_qk forms that row's scores
+ * itself. */
+static void amx_pack_q(int64_t nr, int64_t dk, const float *const *rows, void *qt_, int64_t ldq) {
     uint32_t *qt = qt_;
     const int64_t nrp = (nr + TROWS - 1) / TROWS * TROWS;
-    int sub = 0;
-    for (int64_t r = 0; r < nrp; r++)
+    for (int64_t r = 0; r < nrp; r++) {
+        uint32_t sub = 0;
         for (int64_t p = 0; p < dk / 2; p++) {
             uint32_t pair = 0;
             if (r < nr) {
                 const uint32_t lo = f32_bits(rows[r][2 * p]) >> 16;
                 const uint32_t hi = f32_bits(rows[r][2 * p + 1]) >> 16;
-                sub |= bf16_subnormal(lo) | bf16_subnormal(hi);
+                sub |= (uint32_t)(bf16_subnormal(lo) | bf16_subnormal(hi));
                 pair = lo | hi << 16;
             }
             qt[p * ldq + r] = pair;
         }
-    return sub;
+        qt[dk / 2 * ldq + r] = sub;
+    }
 }
 
-/* Rows [0, n) of x (bf16, row stride ld elements, d features, d a multiple of 32): bit 0 if
- * one holds a subnormal, bit 1 if one holds a NaN or an Inf. */
-static int amx_scan(int64_t n, int64_t d, const void *x_, int64_t ld) {
-    const uint16_t *x = x_;
+/* Which of rows [0, n) of x (bf16, row stride ld elements, d features, d a multiple of 16)
+ * hold a value the unit does not read as it is: bit 0 of flags[j] a subnormal (read as 0),
+ * bit 1 a NaN or an Inf (whose products amx_pv forms itself). @return the union. */
+static int special_rows(int64_t n, int64_t d, const uint16_t *x, int64_t ld, unsigned char *flags) {
     const __m512i expo = _mm512_set1_epi16(0x7f80), frac = _mm512_set1_epi16(0x007f);
-    __mmask32 sub = 0, bad = 0;
-    for (int64_t j = 0; j < n; j++)
+    int any = 0;
+    for (int64_t j = 0; j < n; j++) {
+        __mmask32 sub = 0, bad = 0;
         for (int64_t c = 0; c < d; c += 32) {
-            const __m512i v = _mm512_loadu_si512(x + j * ld + c);
+            const __mmask32 in = d - c >= 32 ? 0xffffffffu : (1u << (d - c)) - 1u;
+            const __m512i v = _mm512_maskz_loadu_epi16(in, x + j * ld + c);
             const __m512i e = _mm512_and_si512(v, expo);
             const __mmask32 zero_e = _mm512_cmpeq_epi16_mask(e, _mm512_setzero_si512());
             sub |= _mm512_mask_test_epi16_mask(zero_e, v, frac);
             bad |= _mm512_cmpeq_epi16_mask(e, expo);
         }
-    return (sub != 0) | (bad != 0) << 1;
+        flags[j] = (unsigned char)((sub != 0) | (bad != 0) << 1);
+        any |= flags[j];
+    }
+    return any;
+}
+
+static float bf16_value(uint32_t h) {
+    const uint32_t u = (h & 0xffffu) << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* The score of key j for row r formed with f32 FMAs over the features (every value read as
+ * it is), for the rows and keys that hold a subnormal. */
+static float exact_score(int64_t dk, const uint16_t *krow, const uint32_t *qt, int64_t ldq,
+                         int64_t r, float scale) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < dk / 2; p++) {
+        const uint32_t pair = qt[p * ldq + r];
+        acc = fmaf(bf16_value(pair), bf16_value(krow[2 * p]), acc);
+        acc = fmaf(bf16_value(pair >> 16), bf16_value(krow[2 * p + 1]), acc);
+    }
+    return scale * acc;
 }
 
 /* s[j * lds + r] = scale * sum_d k[j * ldk + d] q[r][d] for j < nk <= 64, r < nr (a multiple
  * of 16), with qt from amx_pack_q (row r0 of the pairs at qt, row stride ldq pairs). Rows of
- * s from nk up to a multiple of 16 are written too (with scores of zero keys). */
+ * s from nk up to a multiple of 16 are written too (with scores of zero keys). The scores of
+ * a key or a row that holds a subnormal are formed again by exact_score, so that every value
+ * is read as it is and a key's values change no other key's scores. */
 static void amx_qk(int64_t nk, int64_t nr, int64_t dk, const void *k_, int64_t ldk, const void *qt_,
                    int64_t ldq, float scale, float *s, int64_t lds) {
     const uint16_t *k = k_;
@@ -245,12 +278,30 @@ static void amx_qk(int64_t nk, int64_t nr, int64_t dk, const void *k_, int64_t l
     for (int64_t j = 0; j < nk; j++)
         for (int64_t r = 0; r < nr; r += 16)
             _mm512_storeu_ps(s + j * lds + r, _mm512_mul_ps(sc, _mm512_loadu_ps(s + j * lds + r)));
+    unsigned char flags[KEYS_MAX];
+    if (special_rows(nk, dk, k, ldk, flags) & 1)
+        for (int64_t j = 0; j < nk; j++)
+            if (flags[j] & 1)
+                for (int64_t r = 0; r < nr; r++)
+                    s[j * lds + r] = exact_score(dk, k + j * ldk, qt, ldq, r, scale);
+    const uint32_t *sub_q = qt + dk / 2 * ldq;
+    for (int64_t r = 0; r < nr; r++)
+        if (sub_q[r] != 0)
+            for (int64_t j = 0; j < nk; j++)
+                s[j * lds + r] = exact_score(dk, k + j * ldk, qt, ldq, r, scale);
 }
 
 #if defined(SDPA_AMX_EMULATE)
 /* bf16 of 16 f32 values (to nearest, ties to even; a NaN stays a quiet NaN), in the low half
  * of each 32-bit lane. */
 INLINE __m512i bf16_lanes(__m512 x) {
+    /* an f32 subnormal is read as 0 (of its sign), as VCVTNE2PS2BF16 reads it */
+    const __mmask16 sub = _mm512_cmpeq_epi32_mask(
+        _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7f800000)),
+        _mm512_setzero_si512());
+    x = _mm512_mask_mov_ps(x, sub,
+                           _mm512_castsi512_ps(_mm512_and_si512(
+                               _mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u))));
     const __m512i u = _mm512_castps_si512(x);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     const __m512i r = _mm512_srli_epi32(
@@ -308,44 +359,54 @@ INLINE void transpose16(__m512i x[16]) {
 }
 
 /* o[r * ldo + c] = alpha[r] o[r * ldo + c] + sum_j bf16(p[j * ldp + r]) v[j * ldv + c] for
- * r < nr, c < dv (a multiple of 16), j < nk <= 64, with v bf16 rows read in place (no
- * subnormal in them, and no NaN or Inf where a weight is a hidden key's -0.0). Rows of o
- * from nr up to a multiple of 16 (padding rows of the task) are written too. */
+ * r < nr, c < dv (a multiple of 16), j < nk <= 64, with v bf16 rows read in place: the sum by
+ * the unit into zeroed tiles, added to the scaled accumulator by one FMA. A value of
+ * V the unit would not read as it is (a subnormal, read as 0; a NaN or an Inf, which a hidden
+ * key's weight -0.0 must not meet) goes to the unit as 0, and its products are then added in
+ * f32 for the rows that see its key (weight not -0.0; a +0 weight gives 0 x Inf = NaN, as in
+ * the reference): a hidden key changes no bit of a row, whatever its V holds. Rows of o from
+ * nr are not written. */
 static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                    const float *alpha, const void *v_, int64_t ldv, float *o, int64_t ldo) {
     const uint16_t *v = v_;
     const int64_t nk32 = (nk + 31) / 32 * 32, npairs = nk32 / 2;
-    /* V in pairs: vp[kp * dv + c] = v[2kp][c] | v[2kp + 1][c] << 16, zero past the keys */
+    unsigned char flags[KEYS_MAX];
+    const int special = special_rows(nk, dv, v, ldv, flags);
+    /* V in pairs: vp[kp * dv + c] = v[2kp][c] | v[2kp + 1][c] << 16, zero past the keys and,
+     * in a row special_rows flagged, where a value is special */
     _Alignas(64) uint32_t vp[KEYS_MAX / 2 * D_MAX];
+    const __m512i expo = _mm512_set1_epi32(0x7f80), frac = _mm512_set1_epi32(0x007f);
     for (int64_t kp = 0; kp < npairs; kp++) {
         const int64_t j = 2 * kp;
         for (int64_t c = 0; c < dv; c += 16) {
-            const __m512i lo =
-                j < nk ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(v + j * ldv + c)))
-                       : _mm512_setzero_si512();
-            const __m512i hi = j + 1 < nk ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                                                (const void *)(v + (j + 1) * ldv + c)))
-                                          : _mm512_setzero_si512();
-            _mm512_store_si512(vp + kp * dv + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+            __m512i w[2];
+            for (int e = 0; e < 2; e++) {
+                w[e] = j + e < nk ? _mm512_cvtepu16_epi32(
+                                        _mm256_loadu_si256((const void *)(v + (j + e) * ldv + c)))
+                                  : _mm512_setzero_si512();
+                if (j + e < nk && flags[j + e]) {
+                    const __m512i ex = _mm512_and_si512(w[e], expo);
+                    const __mmask16 odd =
+                        _mm512_cmpeq_epi32_mask(ex, expo) |
+                        _mm512_mask_test_epi32_mask(
+                            _mm512_cmpeq_epi32_mask(ex, _mm512_setzero_si512()), w[e], frac);
+                    w[e] = _mm512_mask_mov_epi32(w[e], odd, _mm512_setzero_si512());
+                }
+            }
+            _mm512_store_si512(vp + kp * dv + c,
+                               _mm512_or_si512(w[0], _mm512_slli_epi32(w[1], 16)));
         }
     }
     /* P^T of a block of 16 rows: pt[r * KEYS_MAX + j]; two, taken in turn, so that a block's
      * transposes need not wait for the tile loads of the block before */
     _Alignas(64) uint16_t pts[2][TROWS * KEYS_MAX];
+    /* a block's P V: 16 rows of up to 4 tiles of 16 columns */
+    _Alignas(64) float pv16[TROWS * 64];
     const int64_t nrb = (nr + TROWS - 1) / TROWS, ncb = dv / 16;
     TILES_BEGIN();
     for (int64_t rb = 0; rb < nrb; rb++) {
         const int64_t r0 = rb * TROWS, rn = nr - r0 < TROWS ? nr - r0 : TROWS;
         uint16_t *pt = pts[rb & 1];
-        for (int64_t r = 0; r < rn; r++) {
-            const float a = alpha[r0 + r];
-            if (a == 1.0f)
-                continue;
-            const __m512 av = _mm512_set1_ps(a);
-            for (int64_t c = 0; c < dv; c += 16)
-                _mm512_storeu_ps(o + (r0 + r) * ldo + c,
-                                 _mm512_mul_ps(av, _mm512_loadu_ps(o + (r0 + r) * ldo + c)));
-        }
         for (int64_t kc = 0; kc < nk32; kc += 32) {
             __m512i x[16];
             for (int64_t q = 0; q < 16; q++) {
@@ -361,14 +422,10 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
         }
         for (int64_t cb = 0; cb < ncb; cb += 4) {
             const int64_t n = ncb - cb < 4 ? ncb - cb : 4;
-            float *c0 = o + r0 * ldo + cb * 16;
-            TLOAD(0, c0, ldo * 4);
-            if (n > 1)
-                TLOAD(1, c0 + 16, ldo * 4);
-            if (n > 2)
-                TLOAD(2, c0 + 32, ldo * 4);
-            if (n > 3)
-                TLOAD(3, c0 + 48, ldo * 4);
+            TZERO(0);
+            TZERO(1);
+            TZERO(2);
+            TZERO(3);
             for (int64_t kc = 0; kc < nk32; kc += 32) {
                 const uint32_t *b = vp + kc / 2 * dv + cb * 16;
                 TLOAD(4, pt + kc, KEYS_MAX * 2);
@@ -387,16 +444,43 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
                     TDP(3, 4, 5);
                 }
             }
-            TSTORE(0, c0, ldo * 4);
+            TSTORE(0, pv16, 64 * 4);
             if (n > 1)
-                TSTORE(1, c0 + 16, ldo * 4);
+                TSTORE(1, pv16 + 16, 64 * 4);
             if (n > 2)
-                TSTORE(2, c0 + 32, ldo * 4);
+                TSTORE(2, pv16 + 32, 64 * 4);
             if (n > 3)
-                TSTORE(3, c0 + 48, ldo * 4);
+                TSTORE(3, pv16 + 48, 64 * 4);
+            /* o = alpha o + P V, one rounding, in f32: the accumulator never enters a tile,
+             * whose sums the unit flushes when subnormal */
+            for (int64_t r = 0; r < rn; r++) {
+                const __m512 av = _mm512_set1_ps(alpha[r0 + r]);
+                float *orow = o + (r0 + r) * ldo + cb * 16;
+                for (int64_t i = 0; i < n; i++)
+                    _mm512_storeu_ps(orow + 16 * i,
+                                     _mm512_fmadd_ps(av, _mm512_loadu_ps(orow + 16 * i),
+                                                     _mm512_load_ps(pv16 + r * 64 + 16 * i)));
+            }
         }
     }
     TILES_END();
+    if (!special)
+        return;
+    for (int64_t j = 0; j < nk; j++) {
+        if (!flags[j])
+            continue;
+        for (int64_t c = 0; c < dv; c++) {
+            const uint32_t h = v[j * ldv + c];
+            if ((h & 0x7f80u) != 0x7f80u && !bf16_subnormal(h))
+                continue;
+            const float x = bf16_value(h);
+            for (int64_t r = 0; r < nr; r++) {
+                const float w = p[j * ldp + r];
+                if (f32_bits(w) != 0x80000000u) /* not a hidden key's -0.0 */
+                    o[r * ldo + c] += w * x;
+            }
+        }
+    }
 }
 
 const sdpa__mx_kernels sdpa__mx_amx = {
@@ -411,7 +495,6 @@ const sdpa__mx_kernels sdpa__mx_amx = {
     .d_max = D_MAX,
     .keys_max = KEYS_MAX,
     .pack_q = amx_pack_q,
-    .scan = amx_scan,
     .qk = amx_qk,
     .pv = amx_pv,
 };
