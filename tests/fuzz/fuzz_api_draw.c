@@ -557,6 +557,16 @@ static const struct {
     {FZ_W, 1, FZ_BAD_W, "weights NULL"},
 };
 
+/* Points output f into `into` (an input's or the other output's data). A layout drawn
+ * misaligned stays misaligned (one byte past), so that the mark fz_alloc_tensor noted for it
+ * still holds: aliased onto the aligned data, a misaligned `out` would be valid as the input
+ * sdpa_backward reads, which the case would then count as invalid. Nothing is read through
+ * it: the call refuses the misalignment or the alias first. */
+static void alias_onto(fz_tensor *f, void *into) {
+    f->t.data = (char *)into + (f->ly.misalign ? 1 : 0);
+    f->alias = 1;
+}
+
 /* NULLs, aliasing and wrong extents (rare). */
 static void draw_oddities(fz_case *c, fz_src *s) {
     fz_tensor *const all[FZ_N_TENSORS] = {&c->q, &c->k, &c->v, &c->mask, &c->out, &c->lse, &c->w};
@@ -585,16 +595,13 @@ static void draw_oddities(fz_case *c, fz_src *s) {
         if (which == 3 && c->mask.used)
             victim = &c->mask;
         if (which == 4 && c->lse.used) {
-            c->lse.t.data = c->out.t.data;
-            c->lse.alias = 1;
+            alias_onto(&c->lse, c->out.t.data);
             fz_note_bad(c, FZ_BAD_OUT, "lse aliases out");
         } else if (which == 5) {
-            c->w.t.data = (take(s) & 1u) ? c->q.t.data : c->k.t.data;
-            c->w.alias = 1;
+            alias_onto(&c->w, (take(s) & 1u) ? c->q.t.data : c->k.t.data);
             fz_note_bad(c, FZ_BAD_W, "weights alias q or k");
         } else {
-            c->out.t.data = victim->t.data;
-            c->out.alias = 1;
+            alias_onto(&c->out, victim->t.data);
             fz_note_bad(c, FZ_BAD_OUT, "out aliases an input");
         }
     }
