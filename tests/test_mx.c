@@ -4,8 +4,8 @@
  * that has such entries and runs on this CPU (the AMX table, or its emulation in a
  * -DSDPA_AMX_EMULATE build) is held to testing.md's bf16 rule over shapes around its tile
  * sizes, every mask feature, GQA and a paged cache; shown to take the unit's path at all (its
- * results differ from the vector table's, which rounds no weight to bf16); to fall back where
- * the unit would not read a value as it is (bf16 subnormals in Q, K and V, read as they are);
+ * results differ from the vector table's, which rounds no weight to bf16); to read as they are
+ * the values the unit reads as 0 (bf16 subnormals in Q, K and V, weights below 2^-126);
  * to keep hidden keys' NaN, Inf and subnormals from changing any bit of a row; to write rows
  * past a sequence's queries as 0; and to give the same bits for any thread count. Where no
  * implementation with such entries runs, the cases say so and pass nothing.
@@ -271,11 +271,12 @@ static void test_mx_special_values(void) {
     const int n = mx_impls(impls, "special values");
     const mx_case c = {1, 2, 1, 80, 140, 64, 48, 1.0, 1.0, SDPA_F32};
     for (int t = 0; t < n; t++) {
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < 5; s++) {
             mx_problem m = mx_new(&c, 400 + s);
             tu_rng r = {410 + (uint64_t)s};
             static const char *const what[] = {"subnormal Q", "subnormal K", "subnormal V",
-                                               "NaN in V hidden by causal"};
+                                               "NaN in V hidden by causal",
+                                               "a weight below 2^-126 times V near 3e38"};
             switch (s) {
             case 0: /* head 0's scores: q (subnormal, feature 5 only) times k (~1e38); head
                      * 1 has no feature 5 */
@@ -298,15 +299,34 @@ static void test_mx_special_values(void) {
                 for (int64_t j = 0; j < c.Lk; j++)
                     tu_set(&m.v.t, 0, 0, j, 1, tu_randn(&r) * 3e-39);
                 break;
-            default:
+            case 3:
                 m.p.causal = 1;
                 m.p.align = SDPA_ALIGN_BOTTOM_RIGHT; /* row i sees keys up to 60 + i */
                 tu_set(&m.v.t, 0, 0, 100, 7, NAN);
                 break;
+            default: /* scale 1, q = e0: key 0 scores 0, key 1 -88 (weight 2^-127) with V =
+                      * 3e38, a term of 1.8 in outputs of 2.8; the other keys hidden */
+                m.p.scale = 1.0f;
+                m.p.mask = NULL;
+                for (int64_t h = 0; h < c.Hq; h++)
+                    for (int64_t i = 0; i < c.Lq; i++)
+                        for (int64_t d = 0; d < c.Dk; d++)
+                            tu_set(&m.q.t, 0, h, i, d, d == 0);
+                for (int64_t j = 0; j < c.Lk; j++)
+                    for (int64_t d = 0; d < c.Dk; d++)
+                        tu_set(&m.k.t, 0, 0, j, d,
+                               d > 0    ? 0.0
+                               : j == 0 ? 0.0
+                               : j == 1 ? -88.0
+                                        : -1e4);
+                for (int64_t j = 0; j < 2; j++)
+                    for (int64_t d = 0; d < c.Dv; d++)
+                        tu_set(&m.v.t, 0, 0, j, d, j == 0 ? 1.0 : 3e38);
+                break;
             }
             char name[96];
             snprintf(name, sizeof name, "[%s] %s", impls[t].name, what[s]);
-            CHECK_MSG(check_rule(name, &m, impls[t].level, 1), "%s", name);
+            CHECK_MSG(check_rule(name, &m, impls[t].level, s != 4), "%s", name);
             double *a, *al;
             CHECK(run(&m, impls[t].level, 2, &a, &al));
             if (s == 2)

@@ -439,8 +439,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     const int64_t b = t.b, hk = t.hk, bh = t.bh, qb = t.qb, rows = t.rows, rp = pl->rp;
     const int64_t rows_all = t.rows_all;
     float *qt = tr.qt, *s = tr.s, *o = tr.o, *m = tr.m, *l = tr.l, *alpha = tr.alpha;
-    /* (the matrix unit writes whole blocks of 16 rows, padding rows too) */
-    memset(o, 0, (size_t)((pl->mx != NULL ? rp : rows_all) * pl->dvp) * sizeof *o);
+    memset(o, 0, (size_t)(t.rows_all * pl->dvp) * sizeof *o);
 
     key_slice sl;
     int v_asked = 0; /* the previous slice's pv_few asked for this slice's V rows */
@@ -548,12 +547,9 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     for (int64_t r = 0; r < rows_all; r++) {
         const int64_t h = tr.h[r], i = tr.i[r];
         /* a row the sequence lacks (r >= rows) saw nothing, though as a padding lane of the
-         * softmax it may have gathered a running sum, and the matrix unit, which writes whole
-         * blocks of 16 rows, an accumulator (of any value: 0 x NaN must not reach the output) */
-        if (r >= rows) {
+         * softmax it may have gathered a running sum (no table writes its accumulator) */
+        if (r >= rows)
             l[r] = 0.0f;
-            memset(o + r * pl->dvp, 0, (size_t)p->Dv * sizeof *o);
-        }
         float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         if (sdpa__has_inf(o + r * pl->dvp, p->Dv))
             atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
@@ -778,7 +774,9 @@ static void plan_init(flash_plan *pl, const sdpa__impl *self, const sdpa__proble
     memset(pl, 0, sizeof *pl);
     pl->p = p;
     pl->uk = self->uk;
-    pl->mx = sdpa__flash_mx_fits(self->mx, p) ? self->mx : NULL;
+    /* (the unit's blocks of rows are the vector table's vectors of rows) */
+    pl->mx =
+        sdpa__flash_mx_fits(self->mx, p) && self->uk->lanes == self->mx->lanes ? self->mx : NULL;
     const int64_t target = pl->mx != NULL ? MX_TARGET_ROWS : TARGET_ROWS;
     pl->bq = target / p->group > 1 ? target / p->group : 1;
     if (pl->bq > p->Lq)

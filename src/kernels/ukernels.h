@@ -143,6 +143,7 @@ typedef struct sdpa__mx_kernels {
     int dv_step;  /* Dv must be a multiple of it */
     int d_max;    /* the most features Dk and Dv may have */
     int keys_max; /* the most keys qk and pv take in one call */
+    int lanes;    /* the rows of its blocks: the vector table's lanes must be the same */
     /* Q rows (f32 values, each exactly an elem value) in the unit's layout for qk, rows from
      * nr up to a multiple of 16 zero; qt holds (dk / 2 + 1) * ldq 32-bit words. */
     void (*pack_q)(int64_t nr, int64_t dk, const float *const *rows, void *qt, int64_t ldq);

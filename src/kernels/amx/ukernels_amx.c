@@ -215,6 +215,24 @@ static float exact_score(int64_t dk, const uint16_t *krow, const uint32_t *qt, i
     return scale * acc;
 }
 
+/* exact_score for rows [0, nr) (a multiple of 16) of key krow, 16 rows a vector: the same
+ * FMAs in the same order, so the same bits. */
+static void exact_key_scores(int64_t dk, const uint16_t *krow, const uint32_t *qt, int64_t ldq,
+                             int64_t nr, float scale, float *s_j) {
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (int64_t r = 0; r < nr; r += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t p = 0; p < dk / 2; p++) {
+            const __m512i pair = _mm512_loadu_si512(qt + p * ldq + r);
+            acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pair, 16)),
+                                  _mm512_set1_ps(bf16_value(krow[2 * p])), acc);
+            acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(pair, high)),
+                                  _mm512_set1_ps(bf16_value(krow[2 * p + 1])), acc);
+        }
+        _mm512_storeu_ps(s_j + r, _mm512_mul_ps(_mm512_set1_ps(scale), acc));
+    }
+}
+
 /* s[j * lds + r] = scale * sum_d k[j * ldk + d] q[r][d] for j < nk <= 64, r < nr (a multiple
  * of 16), with qt from amx_pack_q (row r0 of the pairs at qt, row stride ldq pairs). Rows of
  * s from nk up to a multiple of 16 are written too (with scores of zero keys). The scores of
@@ -282,8 +300,7 @@ static void amx_qk(int64_t nk, int64_t nr, int64_t dk, const void *k_, int64_t l
     if (special_rows(nk, dk, k, ldk, flags) & 1)
         for (int64_t j = 0; j < nk; j++)
             if (flags[j] & 1)
-                for (int64_t r = 0; r < nr; r++)
-                    s[j * lds + r] = exact_score(dk, k + j * ldk, qt, ldq, r, scale);
+                exact_key_scores(dk, k + j * ldk, qt, ldq, nr, scale, s + j * lds);
     const uint32_t *sub_q = qt + dk / 2 * ldq;
     for (int64_t r = 0; r < nr; r++)
         if (sub_q[r] != 0)
@@ -331,6 +348,13 @@ INLINE __m512i bf16_pairs(__m512 p0, __m512 p1) {
     return _mm512_permutexvar_epi16(inter, words);
 }
 #endif
+
+/* Which lanes of x hold an f32 subnormal (of either sign). */
+INLINE __mmask16 subnormal_lanes(__m512 x) {
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
+    return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)),
+                                   _mm512_set1_epi32(0x007fffff));
+}
 
 /* Transposes the 16 x 16 32-bit matrix x (row i in x[i]). */
 INLINE void transpose16(__m512i x[16]) {
@@ -407,6 +431,7 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
     for (int64_t rb = 0; rb < nrb; rb++) {
         const int64_t r0 = rb * TROWS, rn = nr - r0 < TROWS ? nr - r0 : TROWS;
         uint16_t *pt = pts[rb & 1];
+        uint64_t tiny = 0; /* keys with a weight the conversion reads as 0 (in these rows) */
         for (int64_t kc = 0; kc < nk32; kc += 32) {
             __m512i x[16];
             for (int64_t q = 0; q < 16; q++) {
@@ -414,6 +439,8 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
                 const __m512 p0 = j < nk ? _mm512_loadu_ps(p + j * ldp + r0) : _mm512_setzero_ps();
                 const __m512 p1 =
                     j + 1 < nk ? _mm512_loadu_ps(p + (j + 1) * ldp + r0) : _mm512_setzero_ps();
+                tiny |= (uint64_t)(subnormal_lanes(p0) != 0) << j;
+                tiny |= (uint64_t)(subnormal_lanes(p1) != 0) << (j + 1);
                 x[q] = bf16_pairs(p0, p1);
             }
             transpose16(x);
@@ -462,6 +489,23 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
                                                      _mm512_load_ps(pv16 + r * 64 + 16 * i)));
             }
         }
+        /* a weight below 2^-126 (a key scored more than 87 below the row's best), which the
+         * conversion reads as 0, still counts where V is large (2^-126 x 3e38 = 4): its
+         * products are added in f32 (with V's special values, which the loop below adds for
+         * every weight, to no effect: NaN stays NaN, Inf stays Inf, and a subnormal times
+         * such a weight is 0) */
+        for (int64_t j = 0; tiny != 0 && j < nk; j++) {
+            if (!((tiny >> j) & 1))
+                continue;
+            for (int64_t r = 0; r < rn; r++) {
+                const float w = p[j * ldp + r0 + r];
+                const uint32_t u = f32_bits(w) & 0x7fffffffu;
+                if (u == 0 || u >= 0x00800000u)
+                    continue;
+                for (int64_t c = 0; c < dv; c++)
+                    o[(r0 + r) * ldo + c] += w * bf16_value(v[j * ldv + c]);
+            }
+        }
     }
     TILES_END();
     if (!special)
@@ -494,6 +538,7 @@ const sdpa__mx_kernels sdpa__mx_amx = {
     .dv_step = DV_STEP,
     .d_max = D_MAX,
     .keys_max = KEYS_MAX,
+    .lanes = TROWS,
     .pack_q = amx_pack_q,
     .qk = amx_qk,
     .pv = amx_pv,
