@@ -1,0 +1,117 @@
+/*
+ * mx_kernels.c -- cycles of the bf16 forward's steps on a matrix unit (flash-amx), each called
+ * straight from the tables on 64-key slices of one head small enough to stay in L2: the
+ * unit's scores (mx->qk), the vector table's softmax, and P V (mx->pv), for a task of 256
+ * rows, as flash.c calls them for one query head of an unmasked problem. What each step costs
+ * alone says what bounds the whole (x86 only: it counts TSC cycles; the TSC rate is
+ * /proc/cpuinfo's "cpu MHz" on most Linux guests).
+ *
+ *     cc -O2 -Iinclude bench/mx_kernels.c build/libsdpa.a -lm -lpthread -o /tmp/mk
+ *     /tmp/mk [keys 1024] [reps 200] [D 128]
+ *
+ * On a CPU with AMX it asks Linux for the tile data (as sdpa_ctx_create does); in a
+ * -DSDPA_AMX_EMULATE build it times the emulation (the vector steps are the real ones). The
+ * figures are TSC cycles per key per 16 query rows (one row block of the unit): the unit's
+ * part of qk and pv is (D / 512) TDPBF16PS each, 16 cycles apiece at its peak. Not a test:
+ * nothing is checked but that it runs.
+ */
+#include "../src/kernels/ukernels.h"
+
+#include "sdpa.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <x86intrin.h> /* __rdtsc */
+
+enum { ROWS = 256, SLICE = 64 };
+
+static uint16_t bf16_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+int main(int argc, char **argv) {
+    const long nkeys = argc > 1 ? atol(argv[1]) : 1024, reps = argc > 2 ? atol(argv[2]) : 200;
+    const long d = argc > 3 ? atol(argv[3]) : 128;
+    if (nkeys < SLICE || nkeys % SLICE != 0 || reps < 1 || d < 32 || d > 256 || d % 32 != 0) {
+        fprintf(stderr,
+                "mx_kernels: keys a positive multiple of %d; D 32..256, a multiple of "
+                "32\n",
+                SLICE);
+        return 2;
+    }
+    /* a context asks Linux for the tile data where the CPU has AMX, and says what runs */
+    sdpa_ctx *ctx;
+    if (sdpa_ctx_create(NULL, &ctx) != SDPA_OK)
+        return 1;
+    if (sdpa_ctx_isa(ctx) != SDPA_ISA_AMX) {
+        fprintf(stderr, "mx_kernels: no AMX table runs here (%s)\n", sdpa_ctx_kernel(ctx));
+        return 2;
+    }
+    const sdpa__mx_kernels *mx = &sdpa__mx_amx;
+    const sdpa__ukernels *uk = &sdpa__uk_avx512;
+    const size_t n = (size_t)nkeys * (size_t)d;
+    uint16_t *k = aligned_alloc(64, n * 2), *v = aligned_alloc(64, n * 2);
+    float *qrows = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
+    const float **rows = malloc(ROWS * sizeof *rows);
+    uint32_t *qt = aligned_alloc(64, ((size_t)d / 2 + 1) * ROWS * 4);
+    float *s = aligned_alloc(64, SLICE * ROWS * sizeof(float));
+    float *o = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
+    float m[ROWS], l[ROWS], alpha[ROWS];
+    if (k == NULL || v == NULL || qrows == NULL || rows == NULL || qt == NULL || s == NULL ||
+        o == NULL)
+        return 1;
+    uint32_t seed = 1;
+    for (size_t e = 0; e < n; e++) {
+        seed = seed * 1664525u + 1013904223u;
+        k[e] = bf16_of((float)(int)(seed >> 8 & 0xffff) / 32768.0f - 1.0f);
+        seed = seed * 1664525u + 1013904223u;
+        v[e] = bf16_of((float)(int)(seed >> 8 & 0xffff) / 32768.0f - 1.0f);
+    }
+    for (long r = 0; r < ROWS; r++) {
+        for (long c = 0; c < d; c++) {
+            seed = seed * 1664525u + 1013904223u;
+            const uint32_t u = (uint32_t)bf16_of((float)(int)(seed >> 8 & 0xffff) / 32768.0f - 1.0f)
+                               << 16;
+            memcpy(&qrows[r * d + c], &u, sizeof u);
+        }
+        rows[r] = qrows + r * d;
+    }
+    const float scale = 0.0883883f;
+    uint64_t t_pack = 0, t_qk = 0, t_sm = 0, t_pv = 0;
+    for (long rep = 0; rep < reps; rep++) {
+        uint64_t t0 = __rdtsc();
+        mx->pack_q(ROWS, d, rows, qt, ROWS);
+        t_pack += __rdtsc() - t0;
+        for (long r = 0; r < ROWS; r++) {
+            m[r] = -1e30f;
+            l[r] = 0.0f;
+        }
+        memset(o, 0, (size_t)ROWS * (size_t)d * sizeof *o);
+        for (long j0 = 0; j0 < nkeys; j0 += SLICE) {
+            t0 = __rdtsc();
+            mx->qk(SLICE, ROWS, d, k + j0 * d, d, qt, ROWS, scale, s, ROWS);
+            const uint64_t t1 = __rdtsc();
+            uk->softmax(SLICE, ROWS, s, ROWS, m, l, alpha);
+            const uint64_t t2 = __rdtsc();
+            mx->pv(SLICE, ROWS, d, s, ROWS, alpha, v + j0 * d, d, o, d);
+            const uint64_t t3 = __rdtsc();
+            t_qk += t1 - t0;
+            t_sm += t2 - t1;
+            t_pv += t3 - t2;
+        }
+    }
+    const double units = (double)reps * (double)nkeys * (ROWS / 16); /* key x 16 rows */
+    printf("%s (%s), D = %ld, %ld keys, %d rows, %ld reps: TSC cycles per key per 16 rows\n",
+           mx->name, sdpa_ctx_kernel(ctx), d, nkeys, ROWS, reps);
+    printf("  qk %.2f   softmax %.2f   pv %.2f   total %.2f   (pack_q %.0f per task; the "
+           "unit's TDPBF16PS at peak: %.2f each for qk and pv)\n",
+           (double)t_qk / units, (double)t_sm / units, (double)t_pv / units,
+           (double)(t_qk + t_sm + t_pv) / units, (double)t_pack / (double)reps,
+           16.0 * (double)d / 512.0);
+    printf("  (o[0] = %g, so that nothing is optimised away)\n", (double)o[0]);
+    sdpa_ctx_destroy(ctx);
+    return 0;
+}
