@@ -50,8 +50,7 @@
 enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
 /* The rows of a task whose slices a matrix unit takes: each task reads all of its head's K
  * and V (looks them over for values the unit does not read as they are, packs V's pairs), so
- * that work is shared by more
- * rows; its arithmetic per key is a few tile instructions. */
+ * that work is shared by more rows; its arithmetic per key is a few tile instructions. */
 enum { MX_TARGET_ROWS = 256 };
 
 /* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
