@@ -45,6 +45,33 @@ static void test_exp_accuracy(void) {
         }
         printf("    %-8s exp: worst %.2f ulp at x = %.3f\n", uk->name, worst, worst_x);
         CHECK_MSG(worst <= 2.0, "%s exp error %.2f ulp", uk->name, worst);
+        /* Below e^-87: a table may stop there (AVX2 returns e^-87); one whose exp goes on
+         * into the subnormals must be within one subnormal step of exp(x) there, and give +0,
+         * the f32 value, below -104 (far below every other key's, as a -1e9 mask value puts a
+         * score), never -0.0, the hidden keys' mark. */
+        static const float deep[] = {-87.5f,   -90.0f,   -95.0f,  -100.0f,  -102.0f, -103.5f,
+                                     -103.95f, -104.01f, -110.0f, -1000.0f, -1e9f,   -3.4e38f};
+        enum { NDEEP = sizeof deep / sizeof deep[0] };
+        for (int i = 0; i < NDEEP; i++) {
+            s[i] = deep[i];
+            m[i] = 0.0f;
+            l[i] = 0.0f;
+        }
+        uk->softmax(1, NDEEP, s, NDEEP, m, l, alpha);
+        const int subnormals = s[2] < 1e-38f; /* exp(-95) = 5.5e-42 */
+        for (int i = 0; i < NDEEP; i++) {
+            CHECK_MSG(!signbit(s[i]) && s[i] <= 1.7e-38f, "%s: exp(%g) = %g", uk->name,
+                      (double)deep[i], (double)s[i]);
+            if (!subnormals)
+                continue;
+            if (deep[i] < -104.0f)
+                CHECK_MSG(s[i] == 0.0f, "%s: exp(%g) = %g, not +0", uk->name, (double)deep[i],
+                          (double)s[i]);
+            else
+                CHECK_MSG(fabs((double)s[i] - exp((double)deep[i])) <= 0x1p-149,
+                          "%s: exp(%g) = %g, more than a subnormal step from %g", uk->name,
+                          (double)deep[i], (double)s[i], exp((double)deep[i]));
+        }
         /* a NaN score gives a NaN weight whatever its payload and sign (a kernel that builds
          * 2^n from the bits of a rounded x must not turn one into a number) */
         for (int i = 0; i < N; i++) {

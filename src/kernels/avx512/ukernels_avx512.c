@@ -7,10 +7,12 @@
  * mr x nv <= 24 accumulators of the 32 zmm registers. The block functions are always inlined
  * with constant mr and nv, so the compiler keeps the accumulators in registers.
  *
- * exp: x is clamped below at -100, split as x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, ln2
- * in two parts), e^r by its degree-7 Taylor polynomial (truncation < 5e-9 relative) and 2^n
- * applied with vscalefps, which also produces subnormals. Measured against double-precision
- * exp on [-100, 0], the relative error is within 2 ulp (tests/test_flash.c checks it).
+ * exp: x is split as x = n ln2 + r with |r| <= ln2/2 (Cody-Waite, ln2 in two parts), e^r by
+ * its degree-7 Taylor polynomial (truncation < 5e-9 relative) and 2^n applied with vscalefps,
+ * which also produces subnormals; below -104 the result is +0, the f32 value. Measured against
+ * double-precision exp on [-87, 0], the relative error is within 2 ulp, and on [-104, -87]
+ * within one subnormal step (tests/test_flash.c checks both). Lanes whose result is known
+ * beforehand (a hidden key's -inf score, x below -104) are not put through it: see exp512.
  */
 #include "../ukernels.h"
 
@@ -28,8 +30,15 @@
  * end of K never faults. */
 enum { FEW_PREFETCH_KEYS = 16, FEW_NEAR_KEYS = 4 };
 
-INLINE __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-100.0f), x); /* NaN x stays NaN: max returns its 2nd */
+/* exp(x) in the lanes outside `hide`, v in those. Where x < -104 the result is +0, the f32
+ * value of exp(x) (below 2^-150, half the least subnormal), without the polynomial: through
+ * it, vscalefps would round a subnormal result, and on an Intel Xeon (model 207) every such
+ * result costs a microcode assist. Hidden keys' scores (-inf) made the softmax of a causal
+ * slice cost twice an unmasked one's, and a finite mask value of -1e9 (as some frameworks
+ * use) made a whole forward 15 times slower. */
+INLINE __m512 exp512(__m512 x, __mmask16 hide, __m512 v) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ);
+    x = _mm512_maskz_mov_ps((__mmask16)~under, x); /* NaN x stays NaN */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -42,7 +51,7 @@ INLINE __m512 exp512(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    return _mm512_mask_blend_ps(hide, _mm512_maskz_scalef_ps((__mmask16)~under, p, n), v);
 }
 
 /* 16 consecutive elements of type elem (a compile-time constant where this is inlined) at
@@ -411,13 +420,16 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
         /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
         const __m512 u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), mx,
                                               _mm512_setzero_ps());
-        const __m512 a = exp512(_mm512_sub_ps(m_old, u));
+        /* alpha = 0 where the row has seen nothing yet (m = -inf): its l and o are 0 */
+        const __m512 a =
+            exp512(_mm512_sub_ps(m_old, u), _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ),
+                   _mm512_setzero_ps());
         __m512 sum = _mm512_setzero_ps();
         for (j = 0; j < nk; j++) {
             const __m512 x = _mm512_loadu_ps(s + j * lds + r);
             const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
             hidden |= inf;
-            const __m512 p = _mm512_mask_blend_ps(inf, exp512(_mm512_sub_ps(x, u)), neg_zero);
+            const __m512 p = exp512(_mm512_sub_ps(x, u), inf, neg_zero);
             _mm512_storeu_ps(s + j * lds + r, p);
             sum = _mm512_add_ps(sum, p);
         }
@@ -473,14 +485,19 @@ static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, flo
     /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
     const __m128 u = _mm_blendv_ps(mx, _mm_setzero_ps(), _mm_cmpeq_ps(mx, _mm_set1_ps(-INFINITY)));
     const __m512 u4 = _mm512_broadcast_f32x4(u);
-    const __m128 a = _mm512_castps512_ps128(exp512(_mm512_castps128_ps512(_mm_sub_ps(m_old, u))));
+    /* (alpha = 0 where the row has seen nothing yet; lanes from nr on, and the upper 12, are
+     * not computed) */
+    const __m512 d = _mm512_castps128_ps512(_mm_sub_ps(m_old, u));
+    const __mmask16 none = _mm512_cmp_ps_mask(d, neg_inf, _CMP_EQ_OQ) | (__mmask16) ~(rows & 0xf);
+    const __m128 a = _mm512_castps512_ps128(exp512(d, none, _mm512_setzero_ps()));
     __mmask16 hidden = 0;
     __m512 sum = _mm512_setzero_ps();
     for (j = 0; j + 4 <= nk; j += 4) {
         const __m512 x = four_keys(s + j * lds, lds);
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ) & rows;
         hidden |= inf;
-        const __m512 p = _mm512_mask_blend_ps(inf, exp512(_mm512_sub_ps(x, u4)), neg_zero);
+        /* (the lanes from nr on are not computed: -0.0, and never stored) */
+        const __m512 p = exp512(_mm512_sub_ps(x, u4), inf | (__mmask16)~rows, neg_zero);
         four_keys_store(s + j * lds, lds, keep, p);
         sum = _mm512_add_ps(sum, p);
     }
@@ -490,7 +507,7 @@ static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, flo
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ) & rows & 0xf;
         hidden |= inf;
         const __m128 p = _mm512_castps512_ps128(
-            _mm512_mask_blend_ps(inf, exp512(_mm512_sub_ps(x, u4)), neg_zero));
+            exp512(_mm512_sub_ps(x, u4), inf | (__mmask16) ~(rows & 0xf), neg_zero));
         _mm_mask_storeu_ps(s + j * lds, keep, p);
         sum_t = _mm_add_ps(sum_t, p);
     }
@@ -509,8 +526,7 @@ INLINE void exp_lse_vectors(int n, int one, float *s, const float *u, __mmask16 
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
         *hidden |= inf;
         const __m512 ui = one ? _mm512_set1_ps(*u) : _mm512_loadu_ps(u + 16 * i);
-        const __m512 p = exp512(_mm512_sub_ps(x, ui));
-        _mm512_storeu_ps(s + 16 * i, _mm512_mask_blend_ps(inf, p, neg_zero));
+        _mm512_storeu_ps(s + 16 * i, exp512(_mm512_sub_ps(x, ui), inf, neg_zero));
     }
 }
 
