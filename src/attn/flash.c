@@ -258,14 +258,13 @@ static void post_process(const flash_plan *pl, const sdpa__problem *p, int64_t b
     }
     if (!pl->needs_post)
         return;
-    for (int64_t jj = 0; jj < nk; jj++) {
-        const int64_t j = ja + jj;
-        float *s_j = s + jj * pl->rp;
-        for (int64_t r = r0; r < r1; r++) {
-            if (j < tr->lo[r] || j > tr->hi[r])
-                continue; /* hidden by the window: stays -inf */
-            s_j[r] = sdpa__tile_score(p, b, tr->h[r], tr->i[r], j, s_j[r], NULL);
-        }
+    /* a row at a time, over the keys its window lets it see (the others stay -inf) */
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t a = tr->lo[r] > ja ? tr->lo[r] - ja : 0;
+        const int64_t z = tr->hi[r] + 1 < ja + nk ? tr->hi[r] + 1 - ja : nk;
+        if (a < z)
+            sdpa__tile_scores_row(p, b, tr->h[r], tr->i[r], ja + a, z - a, s + a * pl->rp + r,
+                                  pl->rp, NULL);
     }
 }
 

@@ -361,10 +361,9 @@ static void tile_rules(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int
                     dsdx[r * rs + jj * js] = 0.0f;
             }
         }
-        if (pl->needs_post)
-            for (int64_t jj = a; jj < z; jj++)
-                s_r[jj * js] = sdpa__tile_score(p, b, h, i, ja + jj, s_r[jj * js],
-                                                dsdx != NULL ? &dsdx[r * rs + jj * js] : NULL);
+        if (pl->needs_post && a < z)
+            sdpa__tile_scores_row(p, b, h, i, ja + a, z - a, s_r + a * js, js,
+                                  dsdx != NULL ? &dsdx[r * rs + a * js] : NULL);
     }
 }
 
