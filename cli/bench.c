@@ -19,6 +19,7 @@
 #include "sdpa.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -54,9 +55,11 @@ static const char help[] =
     "  --shape SPEC         time this shape instead of the preset's (repeatable).\n"
     "                       SPEC = B,H,Lq,Lk,D[,MASK][,DTYPE] where H is Hq or Hq/Hkv\n"
     "                       (grouped-query attention), MASK is none (default), causal\n"
-    "                       (top-left aligned, as PyTorch's is_causal) or causal-br\n"
-    "                       (bottom-right aligned), and DTYPE is T (Q, K, V and O) or T/KVT\n"
-    "                       (Q and O, then K and V), e.g. 1,32/8,1,4096,128,f32/f16; it wins\n"
+    "                       (top-left aligned, as PyTorch's is_causal), causal-br\n"
+    "                       (bottom-right) or causal-add (causal as an f32 mask tensor of\n"
+    "                       0 and -FLT_MAX, as Hugging Face makes them), and DTYPE is T\n"
+    "                       (Q, K, V and O) or T/KVT (Q and O, then K and V), e.g.\n"
+    "                       1,32/8,1,4096,128,f32/f16; it wins\n"
     "                       over --dtype and --kv-dtype for that shape.\n"
     "  --dtype T            f32 (default), f16 or bf16: the dtype of Q, K, V and O. The\n"
     "                       fixed-seed inputs (uniform in [-1, 1)) are drawn in f32 and\n"
@@ -258,6 +261,8 @@ static int parse_mask(const char *f, bench_mask *m) {
         *m = BENCH_MASK_CAUSAL_TL;
     else if (strcmp(f, "causal-br") == 0 || strcmp(f, "br") == 0)
         *m = BENCH_MASK_CAUSAL_BR;
+    else if (strcmp(f, "causal-add") == 0)
+        *m = BENCH_MASK_CAUSAL_ADD;
     else if (strcmp(f, "none") == 0 || strcmp(f, "0") == 0)
         *m = BENCH_MASK_NONE;
     else
@@ -338,11 +343,12 @@ static int parse_options(int argc, char **argv, options *o) {
             if (o->n_shapes == MAX_SHAPES)
                 return cli_usage_error("bench", "at most %d --shape options", MAX_SHAPES);
             if (v == NULL || parse_shape(v, &o->shapes[o->n_shapes]) != 0)
-                return cli_usage_error("bench",
-                                       "--shape wants B,H,Lq,Lk,D[,MASK][,DTYPE] with H = Hq or "
-                                       "Hq/Hkv (Hq a multiple of Hkv), MASK none, causal or "
-                                       "causal-br, DTYPE T or T/KVT (T f32, f16 or bf16), got '%s'",
-                                       v ? v : "");
+                return cli_usage_error(
+                    "bench",
+                    "--shape wants B,H,Lq,Lk,D[,MASK][,DTYPE] with H = Hq or "
+                    "Hq/Hkv (Hq a multiple of Hkv), MASK none, causal, "
+                    "causal-br or causal-add, DTYPE T or T/KVT (T f32, f16 or bf16), got '%s'",
+                    v ? v : "");
             o->n_shapes++;
         } else if (cli_option_value(argc, argv, &i, "--threads", &v)) {
             if (cli_parse_int(v, 0, SDPA_MAX_THREADS, &n) != 0)
@@ -607,17 +613,22 @@ static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const 
     void *dout = bw ? alloc_elems(nq, qsz) : NULL, *dq = bw ? alloc_elems(nq, qsz) : NULL;
     void *dk = bw ? alloc_elems(nkv, kvsz) : NULL, *dv = bw ? alloc_elems(nkv, kvsz) : NULL;
     double *times_f = bw ? malloc((size_t)o->reps * sizeof *times_f) : NULL;
+    /* causal-add's mask (1, 1, Lq, Lk), f32 */
+    const int add = s->mask == BENCH_MASK_CAUSAL_ADD;
+    int64_t nmask = s->lq;
+    float *mask = add && mul_ok(&nmask, s->lk) ? alloc_elems(nmask, sizeof(float)) : NULL;
     int rc = CLI_OK;
-    if (q == NULL || kvbuf == NULL || out == NULL || times == NULL ||
+    if (q == NULL || kvbuf == NULL || out == NULL || times == NULL || (add && mask == NULL) ||
         (bw && (lse == NULL || dout == NULL || dq == NULL || dk == NULL || dv == NULL ||
                 times_f == NULL))) {
         progress_clear(pg);
         fprintf(stderr,
-                "sdpa bench: %s: out of memory for the inputs (Q, K, V and the output%s: %.1f "
-                "MB)\n",
-                pg->spec, bw ? ", dO and the gradients" : "",
+                "sdpa bench: %s: out of memory for the inputs (Q, K, V and the output%s%s: "
+                "%.1f MB)\n",
+                pg->spec, bw ? ", dO and the gradients" : "", add ? ", the mask" : "",
                 ((double)(bw ? 4 : 2) * (double)nq * (double)qsz +
-                 (double)(bw ? 4 : 2) * (double)nkv * (double)kvsz) /
+                 (double)(bw ? 4 : 2) * (double)nkv * (double)kvsz +
+                 (add ? 4.0 * (double)s->lq * (double)s->lk : 0.0)) /
                     1e6);
         rc = CLI_RUNTIME;
         goto done;
@@ -641,8 +652,17 @@ static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const 
     if (bw)
         fill(dout, qdt, (size_t)nq, 4);
     sdpa_params p = {0};
-    p.causal = s->mask != BENCH_MASK_NONE;
+    p.causal = s->mask == BENCH_MASK_CAUSAL_TL || s->mask == BENCH_MASK_CAUSAL_BR;
     p.align = s->mask == BENCH_MASK_CAUSAL_BR ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+    sdpa_tensor tm;
+    if (add) {
+        for (int64_t i = 0; i < s->lq; i++)
+            for (int64_t j = 0; j < s->lk; j++)
+                mask[i * s->lk + j] = j <= i ? 0.0f : -FLT_MAX;
+        tm = sdpa_tensor_bhld(mask, SDPA_F32, 1, 1, s->lq, s->lk);
+        tm.stride[0] = tm.stride[1] = 0; /* broadcast over the batch and the heads */
+        p.mask = &tm;
+    }
 
     if ((rc = measure_ws(ri, isa, kvbuf, kv_alloc, pg, "before", r, &r->ws_gbs_before)) != 0)
         goto done;
@@ -703,6 +723,7 @@ static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const 
         goto done;
     r->ws_gbs = fmax(r->ws_gbs_before, r->ws_gbs_after);
 done:
+    free(mask);
     free(times);
     free(times_f);
     free(lse);

@@ -70,7 +70,10 @@ float bench_read_avx512(const float *p, size_t n);
 typedef enum bench_mask {
     BENCH_MASK_NONE = 0,
     BENCH_MASK_CAUSAL_TL = 1, /* causal, top-left aligned (PyTorch's is_causal) */
-    BENCH_MASK_CAUSAL_BR = 2  /* causal, bottom-right aligned (FlashAttention >= 2.1) */
+    BENCH_MASK_CAUSAL_BR = 2, /* causal, bottom-right aligned (FlashAttention >= 2.1) */
+    /* the top-left causal pattern as an explicit additive f32 mask (1, 1, Lq, Lk): 0 where
+     * the key is visible, -FLT_MAX elsewhere, as Hugging Face transformers builds masks */
+    BENCH_MASK_CAUSAL_ADD = 3
 } bench_mask;
 
 /* One shape: Q and O (b, hq, lq, d) of dtype, K and V (b, hkv, lk, d) of kv_dtype,

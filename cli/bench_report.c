@@ -12,7 +12,10 @@
 #include <string.h>
 
 const char *bench_mask_name(bench_mask m) {
-    return m == BENCH_MASK_CAUSAL_TL ? "causal" : m == BENCH_MASK_CAUSAL_BR ? "causal-br" : "none";
+    return m == BENCH_MASK_CAUSAL_TL    ? "causal"
+           : m == BENCH_MASK_CAUSAL_BR  ? "causal-br"
+           : m == BENCH_MASK_CAUSAL_ADD ? "causal-add"
+                                        : "none";
 }
 
 /* The heads as --shape takes them: "Hq", or "Hq/Hkv" for grouped-query attention. */
@@ -143,7 +146,7 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
                 sdpa_isa_name(ri->peak_start.isa), ri->isa);
     if (ri->backward)
         fprintf(f, "sdpa_backward (FLOP = 2.5 x the forward's):\n");
-    fprintf(f, "%3s %6s %6s %6s %5s %-9s %-9s %5s %10s %10s %10s %9s %6s %8s %8s %8s %6s %9s%s\n",
+    fprintf(f, "%3s %6s %6s %6s %5s %-10s %-9s %5s %10s %10s %10s %9s %6s %8s %8s %8s %6s %9s%s\n",
             "B", "H", "Lq", "Lk", "D", "mask", "dtype", "reps", "median ms", "min ms", "max ms",
             "GFLOP/s", "%peak", "GB/s", "KV MB", "rd GB/s", "%bw", "extra MB",
             ri->backward ? "  bwd/fwd" : "");
@@ -153,7 +156,7 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
         heads_spec(&r->s, h, sizeof h);
         const double gflops = r->flops / r->t_med * 1e-9, gbs = r->kv_bytes / r->t_med * 1e-9;
         fprintf(f,
-                "%3lld %6s %6lld %6lld %5lld %-9s %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%% "
+                "%3lld %6s %6lld %6lld %5lld %-10s %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%% "
                 "%8.2f %8.1f %8.2f %5.1f%% %9.3f",
                 (long long)r->s.b, h, (long long)r->s.lq, (long long)r->s.lk, (long long)r->s.d,
                 bench_mask_name(r->s.mask), bench_dtype_spec(&r->s, dt, sizeof dt), r->reps,

@@ -19,9 +19,9 @@ check() {
   fi
 }
 
-# One run, two shapes (each run measures the peak twice, about a second each).
+# One run, three shapes (each run measures the peak twice, about a second each).
 check run 0 -- --shape 1,1,16,16,8 --reps 2 --min-time 0.5 --threads 1 --json "$tmp/x.json" \
-  --shape 1,2/1,8,8,4,causal
+  --shape 1,2/1,8,8,4,causal --shape 1,2/1,8,8,4,causal-add
 if [ -f "$tmp/x.json" ] && [ ! -e "$tmp/x.json.tmp" ]; then ok json_written; else fail json_written; fi
 if python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/x.json" 2>"$tmp/err"; then
   ok json_parses
@@ -33,7 +33,7 @@ if python3 - "$tmp/x.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 s = j["shapes"]
-assert len(s) == 2 and s[0]["spec"] == "1,1,16,16,8", s
+assert len(s) == 3 and s[0]["spec"] == "1,1,16,16,8", s
 assert s[0]["flops"] == 4 * 1 * 1 * 8 * 16 * 16, s[0]["flops"]
 assert 1 <= s[0]["reps"] <= 2 and s[0]["ms_median"] > 0
 assert j["threads"] == 1 and j["peak"]["start"]["fma_gflops"] > 0
@@ -50,6 +50,13 @@ if grep -Eq '^ +1 +1 +16 +16 +8 +none' "$tmp/out"; then ok table_row; else fail 
 # A causal shape counts only the visible pairs: L(L+1)/2 with top-left alignment.
 if python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["shapes"][1]; assert s["visible_pairs"]==36 and s["Hkv"]==1 and s["flops"]==4*2*4*36, s' \
   "$tmp/x.json" 2>/dev/null; then ok causal_pairs; else fail causal_pairs; fi
+# causal-add: the same pairs through an f32 mask tensor (the mask's own path in the library).
+if python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["shapes"][2]; assert s["mask"]=="causal-add" and s["visible_pairs"]==36 and s["align"]=="top-left", s' \
+  "$tmp/x.json" 2>/dev/null && grep -Eq '^ +1 +2/1 +8 +8 +4 +causal-add +f32 ' "$tmp/out"; then
+  ok causal_add
+else
+  fail causal_add
+fi
 
 # --backward times sdpa_backward: FLOP 2.5 x the forward's, and the bwd/fwd ratio.
 check backward 0 -- --backward --shape 1,2,8,8,4 --reps 1 --min-time 0.1 --threads 1 --json "$tmp/b.json"

@@ -40,7 +40,9 @@ What it does:
   2. in the peers' interpreter (a child process of this script), with the same thread count:
      - PyTorch torch.nn.functional.scaled_dot_product_attention, CPU, torch.set_num_threads(N),
        under torch.inference_mode(), Q in the shape's dtype and K, V in its kv_dtype (see
-       "Dtypes" below);
+       "Dtypes" below); causal as is_causal, causal-br as a bool attn_mask, and causal-add
+       as an additive attn_mask in Q's dtype (0 and its most negative value), as sdpa gets
+       it (numpy and ggml take causal-add as causal);
      - the seeds' numpy code: scores = Q @ K^T / sqrt(d); softmax(scores) row by row
        (exp(x - max) / sum); output = weights @ V, over all heads at once with numpy
        broadcasting, so it materialises (B, H, Lq, Lk) arrays. Shapes whose three live
@@ -345,7 +347,13 @@ def run_torch_numpy(job, results):
             kw["enable_gqa"] = True
         elif g > 1:
             tk, tv = tk.repeat_interleave(g, dim=1), tv.repeat_interleave(g, dim=1)
-        if s["causal"] and s["align"] == "top-left":
+        if s.get("mask") == "causal-add":
+            # the same pattern as an additive mask in Q's dtype, 0 and its most negative
+            # value (as Hugging Face transformers builds masks), as sdpa bench passes it
+            t = tdt[qdt]
+            kw["attn_mask"] = torch.zeros(vis.shape, dtype=t).masked_fill(
+                torch.from_numpy(~vis), torch.finfo(t).min)
+        elif s["causal"] and s["align"] == "top-left":
             kw["is_causal"] = True
         elif s["causal"]:
             kw["attn_mask"] = torch.from_numpy(vis)
@@ -808,7 +816,7 @@ def main():
         epilog="Shapes and presets are those of `sdpa bench`; see its --help.")
     ap.add_argument("--preset", choices=("quick", "full", "decode"), default="quick")
     ap.add_argument("--shape", action="append", default=[],
-                    help="B,H,Lq,Lk,D[,causal|causal-br][,DTYPE] (H may be Hq/Hkv, DTYPE T "
+                    help="B,H,Lq,Lk,D[,causal|causal-br|causal-add][,DTYPE] (H may be Hq/Hkv, DTYPE T "
                          "or T/KVT); repeatable; replaces the preset")
     ap.add_argument("--dtype", choices=("f32", "f16", "bf16"),
                     help="Q, K, V and O's dtype (sdpa bench --dtype; default f32)")
