@@ -96,6 +96,63 @@ static void test_exp_accuracy(void) {
     }
 }
 
+/* softcap through each table's entry: within 3 ulp of cap tanh(x / cap) (x / cap rounded
+ * once, as the entry does; libm's tanhf and the rounding of cap t alone reach 2.2) over
+ * scores from 0 to far past the cap, both signs, and the derivative (1 - t)(1 + t) within 4
+ * units of ulp(itself) + 2^-23 (t, an f32, is 2^-24 from 1 at best, which leaves the
+ * derivative near 1 - t^2 = 0 an absolute error of that order);
+ * the special values: +-inf give +-cap, NaN stays NaN, -0.0 stays -0.0; and any n (the
+ * tail of a vector). */
+static void test_softcap_accuracy(void) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    enum { N = 20001 };
+    static float x[N], dsdx[N];
+    static const float caps[] = {50.0f, 30.0f, 1.0f};
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
+            continue;
+        }
+        double worst = 0.0, worst_d = 0.0;
+        for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+            const float cap = caps[c];
+            for (int i = 0; i < N; i++) /* |x| / cap from 0 to 10, both signs */
+                x[i] = (i % 2 ? -1.0f : 1.0f) * cap * 10.0f * (float)(i / 2) / (N / 2);
+            uk->softcap(N, x, cap, dsdx);
+            for (int i = 0; i < N; i++) {
+                const float x0 = (i % 2 ? -1.0f : 1.0f) * cap * 10.0f * (float)(i / 2) / (N / 2);
+                const double y = (double)(x0 / cap), tw = tanh(y), want = (double)cap * tw;
+                const double ulp = want == 0.0 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23);
+                const double e = fabs((double)x[i] - want) / ulp;
+                worst = e > worst ? e : worst;
+                const double dw = (1.0 - tw) * (1.0 + tw);
+                const double dulp = (dw > 0.0 ? ldexp(1.0, ilogb(dw) - 23) : 0.0) + 0x1p-23;
+                const double ed = fabs((double)dsdx[i] - dw) / dulp;
+                worst_d = ed > worst_d ? ed : worst_d;
+            }
+        }
+        printf("    %-8s softcap: worst %.2f ulp, derivative %.2f\n", uk->name, worst, worst_d);
+        CHECK_MSG(worst <= 3.0, "%s softcap error %.2f ulp", uk->name, worst);
+        CHECK_MSG(worst_d <= 4.0, "%s softcap derivative error %.2f", uk->name, worst_d);
+        float sp[5] = {INFINITY, -INFINITY, NAN, -0.0f, 0.0f}, dsp[5];
+        uk->softcap(5, sp, 50.0f, dsp);
+        CHECK(sp[0] == 50.0f && sp[1] == -50.0f && isnan(sp[2]) && sp[3] == 0.0f &&
+              signbit(sp[3]) && sp[4] == 0.0f && !signbit(sp[4]));
+        CHECK(dsp[0] == 0.0f && dsp[1] == 0.0f && dsp[3] == 1.0f);
+        for (int n = 0; n <= 19; n++) { /* only x[0, n) is touched */
+            for (int i = 0; i < 24; i++)
+                x[i] = i < n ? 100.0f : 7.0f;
+            uk->softcap(n, x, 50.0f, NULL);
+            int ok = 1;
+            for (int i = 0; i < 24; i++)
+                ok &= i < n ? fabsf(x[i] - 48.201379f) < 1e-4f : x[i] == 7.0f;
+            CHECK_MSG(ok, "%s softcap of %d values", uk->name, n);
+        }
+    }
+}
+
 /* One problem against the golden at every level the CPU has, by the rule (each level writes
  * the problem's o and lse). */
 static int check_all_isas(const char *name, tu_problem *pb) {
@@ -835,8 +892,8 @@ static void test_widened_head_split(void) {
     tu_free(&l2);
 }
 
-CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_convert_rows), CASE(test_few_in_place_entries),
-           CASE(test_tile_boundaries), CASE(test_few_rows), CASE(test_hidden_keys_bitwise),
-           CASE(test_hidden_keys_few_rows), CASE(test_accumulator_overflow),
-           CASE(test_score_overflow), CASE(test_nan_inside_tiles), CASE(test_thread_determinism),
-           CASE(test_widened_head), CASE(test_widened_head_split))
+CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_softcap_accuracy), CASE(test_convert_rows),
+           CASE(test_few_in_place_entries), CASE(test_tile_boundaries), CASE(test_few_rows),
+           CASE(test_hidden_keys_bitwise), CASE(test_hidden_keys_few_rows),
+           CASE(test_accumulator_overflow), CASE(test_score_overflow), CASE(test_nan_inside_tiles),
+           CASE(test_thread_determinism), CASE(test_widened_head), CASE(test_widened_head_split))

@@ -232,12 +232,15 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     return at;
 }
 
-/* Hides keys outside each row's window (on tiles the window cuts through), then applies
- * softcap, ALiBi and the mask to the visible scores of keys ja.. (s[jj * rp + r]). p is the
- * problem of sequence b (sdpa__seq). */
+/* Applies softcap to the scores of keys ja.. of rows [r0, r1) (s[jj * rp + r]), hides keys
+ * outside each row's window (on tiles the window cuts through), then applies ALiBi and the
+ * mask to the visible scores. p is the problem of sequence b (sdpa__seq). */
 static void post_process(const flash_plan *pl, const sdpa__problem *p, int64_t b,
                          const task_scratch *tr, int64_t r0, int64_t r1, int64_t ja, int64_t nk,
                          int whole, float *s) {
+    if (p->softcap > 0.0) /* on every score, a key's rows a run: the hidden ones become -inf */
+        for (int64_t jj = 0; jj < nk; jj++)
+            pl->uk->softcap(r1 - r0, s + jj * pl->rp + r0, (float)p->softcap, NULL);
     if (!whole) {
         /* Rows are sorted by position, so the rows a key is hidden from are a prefix (right
          * bound: i + off + wr < j) and a suffix (left bound: i + off - wl > j) of the range:
@@ -256,7 +259,7 @@ static void post_process(const flash_plan *pl, const sdpa__problem *p, int64_t b
                 s_j[r] = -INFINITY;
         }
     }
-    if (!pl->needs_post)
+    if (p->alibi == NULL && !p->has_mask)
         return;
     /* a row at a time, over the keys its window lets it see (the others stay -inf) */
     for (int64_t r = r0; r < r1; r++) {
@@ -264,7 +267,7 @@ static void post_process(const flash_plan *pl, const sdpa__problem *p, int64_t b
         const int64_t z = tr->hi[r] + 1 < ja + nk ? tr->hi[r] + 1 - ja : nk;
         if (a < z)
             sdpa__tile_scores_row(p, b, tr->h[r], tr->i[r], ja + a, z - a, s + a * pl->rp + r,
-                                  pl->rp, NULL);
+                                  pl->rp);
     }
 }
 

@@ -325,13 +325,19 @@ static float lse_at(const bwd_plan *pl, int64_t b, int64_t h, int64_t i) {
 }
 
 /* The rules of the scores of a tile, s[r * rs + jj * js] for rows r < nr (query positions
- * i0 + r of head h) and keys ja + jj, jj < nk, holding the scaled products: keys outside a
- * row's window hidden (-inf) unless the whole tile is visible, then softcap, ALiBi and the mask
- * (and ds/dx into dsdx, laid out like s, with softcap). A row whose LSE is -inf (fully masked
- * in the forward) is hidden whole: it takes no part in anything. */
+ * i0 + r of head h) and keys ja + jj, jj < nk, holding the scaled products, one of rs and js
+ * 1: softcap on every score (and ds/dx into dsdx, laid out like s), as the forward applies it;
+ * keys outside a row's window hidden (-inf) unless the whole tile is visible; then ALiBi and
+ * the mask. A row whose LSE is -inf (fully masked in the forward) is hidden whole: it takes
+ * no part in anything. */
 static void tile_rules(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t ja,
                        int64_t nk, int whole, float *s, int64_t rs, int64_t js, float *dsdx) {
     const sdpa__problem *p = pl->p;
+    if (p->softcap > 0.0) { /* along the contiguous side: a row's keys, or a key's rows */
+        const int64_t runs = js == 1 ? nr : nk, len = js == 1 ? nk : nr, step = js == 1 ? rs : js;
+        for (int64_t x = 0; x < runs; x++)
+            pl->uk->softcap(len, s + x * step, (float)p->softcap, dsdx + x * step);
+    }
     for (int64_t r = 0; r < nr; r++) {
         const int64_t i = i0 + r;
         float *s_r = s + r * rs;
@@ -361,9 +367,8 @@ static void tile_rules(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int
                     dsdx[r * rs + jj * js] = 0.0f;
             }
         }
-        if (pl->needs_post && a < z)
-            sdpa__tile_scores_row(p, b, h, i, ja + a, z - a, s_r + a * js, js,
-                                  dsdx != NULL ? &dsdx[r * rs + a * js] : NULL);
+        if ((p->alibi != NULL || p->has_mask) && a < z)
+            sdpa__tile_scores_row(p, b, h, i, ja + a, z - a, s_r + a * js, js);
     }
 }
 

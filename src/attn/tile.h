@@ -97,22 +97,13 @@ static inline double sdpa__add_sink(double sigma, double *lse) {
 /* The score of query i and key j of (batch b, query head h) from its scaled product
  * x = scale q_i . k_j, for a key the window rule lets the row see (sdpa.h, Semantics):
  *     s = softcap(x) + alibi_ij + mask_ij,
- * -inf where a bool mask or a -inf bias hides the key. With dsdx (the backward), also
- * ds/dx: softcap's derivative 1 - tanh^2(x / c), formed as (1 - t)(1 + t), which keeps its
- * relative accuracy where tanh is near +-1, and 1 without softcap. The first two terms: */
-static inline float sdpa__score_bias(const sdpa__problem *p, int64_t h, int64_t i, int64_t j,
-                                     float x, float *dsdx) {
-    if (p->softcap > 0.0) {
-        const float cap = (float)p->softcap, t = tanhf(x / cap);
-        x = cap * t;
-        if (dsdx != NULL)
-            *dsdx = (1.0f - t) * (1.0f + t);
-    } else if (dsdx != NULL) {
-        *dsdx = 1.0f;
-    }
-    if (p->alibi != NULL)
-        x -= p->alibi[h] * (float)sdpa__alibi_distance(p, i, j);
-    return x;
+ * -inf where a bool mask or a -inf bias hides the key. softcap, c tanh(x / c), is the
+ * table's entry (ukernels.h; with ds/dx for the backward), applied by the drivers to whole
+ * tiles before the window hides keys (a hidden score is -inf whatever it was). Then, in
+ * place over softcap(x): */
+static inline float sdpa__score_alibi(const sdpa__problem *p, int64_t h, int64_t i, int64_t j,
+                                      float x) {
+    return x - p->alibi[h] * (float)sdpa__alibi_distance(p, i, j);
 }
 
 /* The mask's term, mv the mask's value read as f32 (a bool as 0 or 1). */
@@ -130,16 +121,15 @@ static inline void sdpa__mask_row(sdpa_dtype dtype, const void *m, int64_t step,
         s[jj * ld] = sdpa__score_mask(dtype, sdpa__load(m, dtype, jj * step), s[jj * ld]);
 }
 
-/* The scores of keys [j0, j0 + n) of row (b, h, i), each as above, in place over its x:
- * s[jj * ld] and, when dsdx is not NULL, dsdx[jj * ld]. The mask's row and dtype are looked up
- * once per row (looked up per score, they made a masked forward 3.5 times slower than an
- * unmasked one at L = 512 on an Intel Xeon). */
+/* ALiBi's and the mask's terms of keys [j0, j0 + n) of row (b, h, i), in place over
+ * softcap(x): s[jj * ld]. The mask's row and dtype are looked up once per row (looked up per
+ * score, they made a masked forward 3.5 times slower than an unmasked one at L = 512 on an
+ * Intel Xeon). */
 static inline void sdpa__tile_scores_row(const sdpa__problem *p, int64_t b, int64_t h, int64_t i,
-                                         int64_t j0, int64_t n, float *s, int64_t ld, float *dsdx) {
-    if (p->softcap > 0.0 || p->alibi != NULL || dsdx != NULL)
+                                         int64_t j0, int64_t n, float *s, int64_t ld) {
+    if (p->alibi != NULL)
         for (int64_t jj = 0; jj < n; jj++)
-            s[jj * ld] = sdpa__score_bias(p, h, i, j0 + jj, s[jj * ld],
-                                          dsdx != NULL ? &dsdx[jj * ld] : NULL);
+            s[jj * ld] = sdpa__score_alibi(p, h, i, j0 + jj, s[jj * ld]);
     if (!p->has_mask || n <= 0)
         return;
     const sdpa_tensor *mk = &p->mask;

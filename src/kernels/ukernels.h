@@ -97,6 +97,14 @@ typedef struct sdpa__ukernels {
      * written: not the lanes from n up to a multiple of lanes. */
     void (*ds)(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
                const float *dsdx, const float *delta, int per_lane);
+    /* Softcap, in place, for i < n (any n >= 0):
+     *   t = tanh(x[i] / cap);  x[i] = cap * t;  dsdx[i] = (1 - t) * (1 + t) if dsdx not NULL
+     * (the derivative, as the backward wants it: accurate where t is near +-1). x / cap is
+     * rounded once; tanh is the table's own: cap * t within 3 ulp of cap tanh(x / cap), as
+     * with libm's tanhf (tests/test_flash.c measures it),
+     * odd (-0.0 stays -0.0), +-1 at +-inf, NaN for NaN. The forward and the backward both
+     * form scores with it, so that the backward's are bitwise the forward's. */
+    void (*softcap)(int64_t n, float *x, float cap, float *dsdx);
     /* o[r*ldo + c] = alpha[r] * o[r*ldo + c] + sum_j p[j*ldp + r] * v[j*ldv + c]
      * for r < nr (not padded), c < dv. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,

@@ -515,6 +515,46 @@ static int exp_lse_rows_avx2(int64_t nr, int64_t nk, float *s, int64_t lds, cons
 }
 
 /* The backward's dS (ukernels.h), 8 lanes at a time, the last vector of a row masked. */
+/* tanh(y), as the AVX-512 table's tanh512 (the same polynomial, switch and clamp): this
+ * table's exp is within 1 ulp there. */
+INLINE __m256 tanh256(__m256 y) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    const __m256 a = _mm256_andnot_ps(sign, y), z = _mm256_mul_ps(a, a);
+    __m256 q = _mm256_set1_ps(-0.006269227713346481f);
+    q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(0.021066883578896523f));
+    q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(-0.05385059863328934f));
+    q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(0.13332557678222656f));
+    q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(-0.33333316445350647f));
+    const __m256 small = _mm256_fmadd_ps(q, _mm256_mul_ps(a, z), a);
+    __m256 e = _mm256_min_ps(_mm256_set1_ps(40.0f), _mm256_add_ps(a, a));
+    exp256_n(1, &e);
+    const __m256 big =
+        _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    const __m256 t =
+        _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.55f), _CMP_LT_OQ));
+    return _mm256_or_ps(t, _mm256_and_ps(sign, y));
+}
+
+/* softcap (ukernels.h), 8 values a step. */
+static void softcap_avx2(int64_t n, float *x, float cap, float *dsdx) {
+    const __m256 c = _mm256_set1_ps(cap), one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 t = tanh256(_mm256_div_ps(_mm256_loadu_ps(x + i), c));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(c, t));
+        if (dsdx != NULL)
+            _mm256_storeu_ps(dsdx + i, _mm256_mul_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t)));
+    }
+    if (i < n) { /* the tail through a vector of copies */
+        float xb[8] = {0}, db[8];
+        memcpy(xb, x + i, (size_t)(n - i) * sizeof *xb);
+        softcap_avx2(8, xb, cap, dsdx != NULL ? db : NULL);
+        memcpy(x + i, xb, (size_t)(n - i) * sizeof *xb);
+        if (dsdx != NULL)
+            memcpy(dsdx + i, db, (size_t)(n - i) * sizeof *db);
+    }
+}
+
 static void ds_avx2(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
                     const float *dsdx, const float *delta, int per_lane) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -709,6 +749,7 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .exp_lse = exp_lse_avx2,
     .exp_lse_rows = exp_lse_rows_avx2,
     .ds = ds_avx2,
+    .softcap = softcap_avx2,
     .pv = pv_avx2,
     .pv_t = pv_t_avx2,
     .pv_careful = pv_careful_avx2,

@@ -561,6 +561,43 @@ static int exp_lse_rows_avx512(int64_t nr, int64_t nk, float *s, int64_t lds, co
 }
 
 /* The backward's dS (ukernels.h), 16 lanes at a time, the last vector of a row masked. */
+/* tanh(y), formed for a = |y| and given y's sign: below a = 0.55 by a + a^3 Q(a^2), Q of
+ * degree 4 (a least-squares fit to tanh on [0, 0.55] weighted by 1 / tanh: within 1.1e-9 of
+ * it, relative), and from there on by 1 - 2 / (e^(2a) + 1), where the subtraction loses less
+ * than a bit (2 / (e^(2a) + 1) <= tanh a from a = atanh(1/2) = 0.5493 on); 2a is clamped at
+ * 40 (tanh is 1 in f32 from 9.01 on), so that +-inf give +-1, and NaN stays NaN (min returns
+ * its second operand when either is NaN). */
+INLINE __m512 tanh512(__m512 y) {
+    /* on |y|, the sign put back at the end (so that -0.0 stays -0.0) */
+    const __m512 sign = _mm512_set1_ps(-0.0f), one = _mm512_set1_ps(1.0f);
+    const __m512 a = _mm512_andnot_ps(sign, y), z = _mm512_mul_ps(a, a);
+    __m512 q = _mm512_set1_ps(-0.006269227713346481f);
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.021066883578896523f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(-0.05385059863328934f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.13332557678222656f));
+    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(-0.33333316445350647f));
+    const __m512 small = _mm512_fmadd_ps(q, _mm512_mul_ps(a, z), a);
+    const __m512 e = exp512(_mm512_min_ps(_mm512_set1_ps(40.0f), _mm512_add_ps(a, a)), 0, one);
+    const __m512 big =
+        _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+    const __m512 t =
+        _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(0.55f), _CMP_LT_OQ), big, small);
+    return _mm512_or_ps(t, _mm512_and_ps(sign, y));
+}
+
+/* softcap (ukernels.h), 16 values a step. */
+static void softcap_avx512(int64_t n, float *x, float cap, float *dsdx) {
+    const __m512 c = _mm512_set1_ps(cap), one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        const __m512 t = tanh512(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), c));
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(c, t));
+        if (dsdx != NULL)
+            _mm512_mask_storeu_ps(dsdx + i, m,
+                                  _mm512_mul_ps(_mm512_sub_ps(one, t), _mm512_add_ps(one, t)));
+    }
+}
+
 static void ds_avx512(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
                       const float *dsdx, const float *delta, int per_lane) {
     const __m512i neg_zero_bits = _mm512_set1_epi32((int)0x80000000u);
@@ -740,6 +777,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .exp_lse = exp_lse_avx512,
     .exp_lse_rows = exp_lse_rows_avx512,
     .ds = ds_avx512,
+    .softcap = softcap_avx512,
     .pv = pv_avx512,
     .pv_t = pv_t_avx512,
     .pv_careful = pv_careful_avx512,

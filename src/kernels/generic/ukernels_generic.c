@@ -423,6 +423,16 @@ void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale,
     }
 }
 
+/* softcap (ukernels.h) by libm's tanhf. */
+static void softcap_generic(int64_t n, float *x, float cap, float *dsdx) {
+    for (int64_t i = 0; i < n; i++) {
+        const float t = tanhf(x[i] / cap);
+        x[i] = cap * t;
+        if (dsdx != NULL)
+            dsdx[i] = (1.0f - t) * (1.0f + t);
+    }
+}
+
 const sdpa__ukernels sdpa__uk_generic = {
     .name = "generic",
     .lanes = LANES,
@@ -433,6 +443,7 @@ const sdpa__ukernels sdpa__uk_generic = {
     .exp_lse = exp_lse_generic,
     .exp_lse_rows = exp_lse_rows_generic,
     .ds = ds_generic,
+    .softcap = softcap_generic,
     .pv = pv_fast_generic,
     .pv_careful = pv_careful_generic,
     .load_row = sdpa__load_row_generic,
