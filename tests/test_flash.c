@@ -218,6 +218,34 @@ static void test_tile_boundaries(void) {
         }
 }
 
+/* Windows that cut a key tile on one side or both: the rows that see all of a tile take it
+ * whole and the others in slices, before, after or on both sides of them (a window longer
+ * than a tile, with both bounds, leaves whole rows in the middle of a task's block), against
+ * the golden at every level, for GQA groups 1 and 3 and both alignments. */
+static void test_window_passes(void) {
+    static const int64_t windows[][2] = {{100, 20}, {70, 70}, {150, 0}, {0, 100}, {150, -1},
+                                         {-1, 30},  {50, 40}, {45, 45}, {60, 30}, {200, 200}};
+    static const int64_t lens[][2] = {{300, 300}, {520, 480}, {200, 333}};
+    tu_rng r = {2024};
+    for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++)
+        for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
+            for (int variant = 0; variant < 2; variant++) {
+                const int64_t hq = variant ? 3 : 1;
+                tu_problem pb =
+                    tu_problem_new((tu_dims){1, hq, 1, lens[n][0], lens[n][1], 32, 24}, &r);
+                pb.p.use_window = 1;
+                pb.p.window_left = windows[w][0];
+                pb.p.window_right = windows[w][1];
+                pb.p.align = (w + n) % 2 ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+                char name[80];
+                snprintf(name, sizeof name, "window (%lld,%lld) Lq=%lld Lk=%lld Hq=%lld",
+                         (long long)windows[w][0], (long long)windows[w][1], (long long)lens[n][0],
+                         (long long)lens[n][1], (long long)hq);
+                CHECK_MSG(check_all_isas(name, &pb), "%s", name);
+                tu_problem_free(&pb);
+            }
+}
+
 /* A decode step's few query rows (1 to 4 rows per task: Lq = 1 with GQA groups 1 to 4, and
  * Lq = 2 with a group of 2) take the tables' qk_few: every feature count around the vector
  * widths and key counts around its key blocks and the key tile. */
@@ -893,7 +921,7 @@ static void test_widened_head_split(void) {
 }
 
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_softcap_accuracy), CASE(test_convert_rows),
-           CASE(test_few_in_place_entries), CASE(test_tile_boundaries), CASE(test_few_rows),
-           CASE(test_hidden_keys_bitwise), CASE(test_hidden_keys_few_rows),
+           CASE(test_window_passes), CASE(test_few_in_place_entries), CASE(test_tile_boundaries),
+           CASE(test_few_rows), CASE(test_hidden_keys_bitwise), CASE(test_hidden_keys_few_rows),
            CASE(test_accumulator_overflow), CASE(test_score_overflow), CASE(test_nan_inside_tiles),
            CASE(test_thread_determinism), CASE(test_widened_head), CASE(test_widened_head_split))

@@ -193,6 +193,33 @@ static void test_masks(void) {
         }
 }
 
+/* Windows whose rows take some tiles whole and others in slices, before, after or on both
+ * sides of the whole ones (a window longer than a tile with both bounds), and a window that
+ * leaves the last query block no key at all (Lq = 257: its one row's window starts past the
+ * 200 keys), which once made a slice of -6 keys and wrote past the weights. */
+static void test_window_passes(void) {
+    static const int64_t windows[][2] = {{50, 40}, {45, 45}, {100, 20}, {0, 100}, {50, -1}};
+    static const int64_t lens[][2] = {{300, 300}, {257, 200}};
+    tu_rng r = {31};
+    for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++)
+        for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
+            for (int variant = 0; variant < 4; variant++) {
+                const int br = variant & 1;
+                const int64_t hq = variant & 2 ? 3 : 1;
+                w_case c = case_new(&r, 1, hq, 1, lens[n][0], lens[n][1], 24, TU_BHLD, 0);
+                c.p.use_window = 1;
+                c.p.window_left = windows[w][0];
+                c.p.window_right = windows[w][1];
+                c.p.align = br ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+                char name[96];
+                snprintf(name, sizeof name, "window (%lld,%lld) Lq=%lld Lk=%lld Hq=%lld %s",
+                         (long long)windows[w][0], (long long)windows[w][1], (long long)lens[n][0],
+                         (long long)lens[n][1], (long long)hq, br ? "bottom-right" : "top-left");
+                CHECK_MSG(check_all_isas(name, &c), "%s", name);
+                case_free(&c);
+            }
+}
+
 /* The NaN rule: a NaN in a query row makes that row NaN wherever it sees a key (0 where it
  * does not); a NaN in a key row reaches exactly the rows that see it; rows that cannot see it
  * (causal, window) stay finite. A window past every key leaves rows of exact zeros. */
@@ -285,5 +312,6 @@ static void test_thread_determinism(void) {
     tu_free(&w2);
 }
 
-CHECK_MAIN(CASE(test_sweep), CASE(test_masks), CASE(test_nan_and_masked_rows),
-           CASE(test_subnormal_weights), CASE(test_thread_determinism))
+CHECK_MAIN(CASE(test_sweep), CASE(test_masks), CASE(test_window_passes),
+           CASE(test_nan_and_masked_rows), CASE(test_subnormal_weights),
+           CASE(test_thread_determinism))

@@ -368,19 +368,31 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack,
     }
 }
 
-/* The keys a task visits, one slice at a time: tiles of KEY_TILE keys; a tile the window cuts
- * through (the causal diagonal) in slices of KEY_SLICE keys, each computed only for the rows
- * that see some of it (rows are sorted by position, so those are one range, and most of the
- * hidden triangle is skipped); a slice of a paged cache never crosses a page. */
+/* The keys a task visits, one slice at a time, tile by tile (KEY_TILE keys, fewer at the ends
+ * of the task's keys), each tile in up to two passes over its rows:
+ * - pass 0: the rows that see every key of the tile, as far as whole groups of lanes hold
+ *   them (all rows where the window cuts none), in slices of KEY_TILE keys, with no window to
+ *   apply;
+ * - pass 1: the others (those the window cuts through, next to the causal diagonal, and
+ *   those that pass 0's lanes left out), in slices of KEY_SLICE keys, each computed only for
+ *   the rows that see some key of it (rows are sorted by position, so those are one range,
+ *   or two around pass 0's), so that most of the hidden triangle is skipped while the rows
+ *   past it still take the tile at once.
+ * Each row meets its keys in increasing order, though slices as a whole do not (pass 1, and
+ * a second range of rows, go back to keys already visited). A slice of a paged cache never
+ * crosses a page. */
 typedef struct key_slice {
     int64_t jlo, jhi; /* the keys any row of the task may see, within its chunk */
     int64_t j0;       /* the tile: keys [ja, jb) of [j0, j0 + KEY_TILE) */
     int64_t ja, jb;
-    int whole;      /* no row has a hidden key in the tile (sdpa__block_whole) */
+    int pass;       /* 0 or 1, as above */
+    int64_t wa, wb; /* pass 0's rows, lane-aligned (wb may be the task's rows): empty if equal */
+    int whole;      /* every row of the slice sees every key of it: pass == 0 */
     int64_t js, nk; /* the slice: keys [js, js + nk) */
     int64_t r0, r1; /* rows [r0, r1) see a key of it; r0 a multiple of the lanes */
     int64_t r1pad;  /* r1 rounded up to the lanes */
     int64_t r1use;  /* r1pad, or the task's rows if fewer */
+    int64_t more0, more1; /* pass 1: the slice's rows past pass 0's, still to come */
 } key_slice;
 
 static void slices_begin(const flash_plan *pl, const task_rows *t, int64_t chunk, key_slice *sl) {
@@ -391,39 +403,98 @@ static void slices_begin(const flash_plan *pl, const task_rows *t, int64_t chunk
         sl->jlo = sl->jlo > chunk * pl->chunk ? sl->jlo : chunk * pl->chunk;
         sl->jhi = sl->jhi < (chunk + 1) * pl->chunk ? sl->jhi : (chunk + 1) * pl->chunk;
     }
+    if (sl->jlo >= sl->jhi) /* no key (a window past the keys, another chunk's keys): no tile */
+        sl->jlo = sl->jhi = 0;
     sl->j0 = sl->jlo / KEY_TILE * KEY_TILE - KEY_TILE; /* before the first tile */
+}
+
+/* The slice's rows: [r0, r1), r0 a multiple of the lanes. */
+static void slice_rows(const task_rows *t, int lanes, int64_t r0, int64_t r1, key_slice *sl) {
+    sl->r0 = r0;
+    sl->r1 = r1;
+    sl->r1pad = sdpa__round_up(r1, lanes);
+    sl->r1use = sl->r1pad < t->rows ? sl->r1pad : t->rows;
+}
+
+/* Moves to the next tile: its keys and pass 0's rows. */
+static void next_tile(const task_rows *t, int lanes, key_slice *sl) {
+    const sdpa__problem *p = t->p;
+    sl->j0 += KEY_TILE;
+    sl->ja = sl->j0 > sl->jlo ? sl->j0 : sl->jlo;
+    sl->jb = sl->j0 + KEY_TILE < sl->jhi ? sl->j0 + KEY_TILE : sl->jhi;
+    int64_t first, last;
+    sdpa__block_queries_whole(p, sl->ja, sl->jb, t->i0, t->i0 + t->nq, &first, &last);
+    sl->wa = sl->wb = 0;
+    if (first < last) {
+        /* inward to the lanes, but for the task's last row: its padding lanes are no row's */
+        sl->wa = sdpa__round_up((first - t->i0) * p->group, lanes);
+        sl->wb = (last - t->i0) * p->group;
+        if (sl->wb < t->rows)
+            sl->wb = sl->wb / lanes * lanes;
+        if (sl->wa >= sl->wb)
+            sl->wa = sl->wb = 0;
+    }
+    sl->pass = sl->wa < sl->wb ? 0 : 1;
+    sl->js = sl->ja;
 }
 
 /* Moves to the next slice that some row sees. @return 0 when there is none. */
 static int slices_next(const flash_plan *pl, const task_rows *t, key_slice *sl) {
     const sdpa__problem *p = t->p;
+    const int lanes = pl->uk->lanes;
+    if (sl->more0 < sl->more1) { /* the same keys for the rows past pass 0's */
+        slice_rows(t, lanes, sl->more0, sl->more1, sl);
+        sl->more0 = sl->more1 = 0;
+        return 1;
+    }
     for (;;) {
         sl->js += sl->nk;
         if (sl->js >= sl->jb) {
-            sl->j0 += KEY_TILE;
-            if (sl->j0 >= sl->jhi)
-                return 0;
-            sl->ja = sl->j0 > sl->jlo ? sl->j0 : sl->jlo;
-            sl->jb = sl->j0 + KEY_TILE < sl->jhi ? sl->j0 + KEY_TILE : sl->jhi;
-            sl->whole = sdpa__block_whole(p, t->i0, t->i0 + t->nq, sl->ja, sl->jb);
-            sl->js = sl->ja;
+            /* pass 1 follows unless pass 0 took every row (the window cuts none) */
+            if (sl->pass == 0 && !(sl->wa == 0 && sl->wb == t->rows)) {
+                sl->pass = 1;
+                sl->js = sl->ja;
+            } else {
+                if (sl->j0 + KEY_TILE >= sl->jhi)
+                    return 0;
+                next_tile(t, lanes, sl);
+            }
         }
-        const int64_t step = sl->whole ? KEY_TILE : KEY_SLICE;
+        const int64_t step = sl->pass == 0 ? KEY_TILE : KEY_SLICE;
         sl->nk = sl->js + step < sl->jb ? step : sl->jb - sl->js;
         if (p->block_table != NULL) /* a slice stays within one page of the cache */
             sl->nk = sl->nk < p->page_size - sl->js % p->page_size
                          ? sl->nk
                          : p->page_size - sl->js % p->page_size;
+        sl->whole = sl->pass == 0;
+        if (sl->pass == 0) {
+            slice_rows(t, lanes, sl->wa, sl->wb, sl);
+            return 1;
+        }
         int64_t first, last; /* positions [first, last) see a key of the slice */
         sdpa__block_queries(p, sl->js, sl->js + sl->nk, t->i0, t->i0 + t->nq, &first, &last);
         if (first >= last)
             continue;
-        const int lanes = pl->uk->lanes;
-        sl->r0 = (first - t->i0) * p->group / lanes * lanes;
-        sl->r1 = (last - t->i0) * p->group;
-        sl->r1pad = sdpa__round_up(sl->r1, lanes);
-        sl->r1use = sl->r1pad < t->rows ? sl->r1pad : t->rows;
-        return 1;
+        const int64_t r0 = (first - t->i0) * p->group / lanes * lanes;
+        const int64_t r1 = (last - t->i0) * p->group;
+        if (sl->wa == sl->wb) {
+            slice_rows(t, lanes, r0, r1, sl);
+            return 1;
+        }
+        /* without pass 0's rows: those before them, then those after (wa and wb are lanes) */
+        const int64_t a1 = r1 < sl->wa ? r1 : sl->wa, b0 = r0 > sl->wb ? r0 : sl->wb;
+        if (r0 < a1) {
+            slice_rows(t, lanes, r0, a1, sl);
+            if (b0 < r1) {
+                sl->more0 = b0;
+                sl->more1 = r1;
+            }
+            return 1;
+        }
+        if (b0 < r1) {
+            slice_rows(t, lanes, b0, r1, sl);
+            return 1;
+        }
     }
 }
 
@@ -455,7 +526,8 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         const int v_few = few && (pl->v_direct || pl->v_half || pl->wide_v) && uk->pv_few != NULL;
         /* the next slice's first key, whose rows the kernels ask for ahead (the next page's
          * in a paged cache; past the chunk, the next chunk's); the sequence's last slice
-         * names its own */
+         * names its own. Exact for the few-row tasks that ask (a tile of a larger task may
+         * go back to its first key for pass 1, where the request is only wasted) */
         const int64_t jn = js + nk < p->Lk ? js + nk : js;
         int64_t ldk, ldv;
         /* A paged cache gets no requests from here: a slice's rows asked for in one burst
@@ -666,7 +738,7 @@ static void weights_task(void *arg, int64_t task, int worker) {
 
     // pass 2: p_ij = exp(s_ij - m_i) / l_i, each slice's rows transposed into theirs; the
     // keys a row does not reach (before, between and after the slices it is in) are +0.
-    // Every weight is written once: slices come in increasing key order.
+    // Every weight is written once: each row meets its keys in increasing order.
     for (slices_begin(pl, &t, 0, &sl); slices_next(pl, &t, &sl);) {
         slice_scores(pl, &t, &sl, &tr);
         for (int64_t jj = 0; jj < sl.nk; jj++)

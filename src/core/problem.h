@@ -139,4 +139,19 @@ static inline void sdpa__block_queries(const sdpa__problem *p, int64_t j0, int64
     *last = z;
 }
 
+/* The queries [*first, *last) of [i0, i1) that may see every key of [j0, j1) (empty when
+ * *first >= *last): query i sees them all when its upper bound reaches j1 - 1 and its lower
+ * bound j0. */
+static inline void sdpa__block_queries_whole(const sdpa__problem *p, int64_t j0, int64_t j1,
+                                             int64_t i0, int64_t i1, int64_t *first,
+                                             int64_t *last) {
+    int64_t a = i0, z = i1;
+    if (p->window_right >= 0 && j1 - 1 - p->off - p->window_right > a)
+        a = j1 - 1 - p->off - p->window_right;
+    if (p->window_left >= 0 && j0 - p->off + p->window_left + 1 < z)
+        z = j0 - p->off + p->window_left + 1;
+    *first = a;
+    *last = z;
+}
+
 #endif /* SDPA_PROBLEM_H */
