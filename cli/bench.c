@@ -85,11 +85,13 @@ static const char help[] =
     "                       sdpa_forward that gives it out and lse (the bwd/fwd column: the\n"
     "                       ratio of the medians); its FLOP are counted as 2.5 x the forward's\n"
     "                       (the usual convention: 5 products of the size of one of the\n"
-    "                       forward's 2)\n"
-    "  --help               this text\n";
+    "                       forward's 2)\n";
 
 /* The rest of the text (C99 promises string literals of 4095 characters, no more). */
 static const char help_figures[] =
+    "  --softcap C          scores capped as C tanh(s / C) (Gemma 2's 50; default 0: off)\n"
+    "                       at every shape, forward and backward alike\n"
+    "  --help               this text\n"
     "\n"
     "The header names the kernels that ran and their ISA level, the CPU (model, family and\n"
     "model numbers, L1d, L2 and L3 sizes) with the best level it offers (higher than the\n"
@@ -225,6 +227,7 @@ typedef struct options {
     sdpa_isa peak_isa;   /* SDPA_ISA_AUTO: the level of the library's kernels */
     int backward;        /* time sdpa_backward */
     int dtype, kv_dtype; /* --dtype, --kv-dtype; BENCH_DTYPE_UNSET when not given */
+    float softcap;       /* --softcap; 0: off */
 } options;
 
 /* "f32", "f16" or "bf16". @return 0 and sets *dt, or -1. */
@@ -386,6 +389,13 @@ static int parse_options(int argc, char **argv, options *o) {
                                        v ? v : "");
         } else if (strcmp(argv[i], "--backward") == 0) {
             o->backward = 1;
+        } else if (cli_option_value(argc, argv, &i, "--softcap", &v)) {
+            char *end = NULL;
+            const double c = v != NULL ? strtod(v, &end) : -1.0;
+            if (v == NULL || *v == '\0' || *end != '\0' || !(c >= 0.0 && c <= 1e30))
+                return cli_usage_error(
+                    "bench", "--softcap wants a cap in 0..1e30 (0: off), got '%s'", v ? v : "");
+            o->softcap = (float)c;
         } else if (cli_option_value(argc, argv, &i, "--peak-isa", &v)) {
             if (v != NULL && strcmp(v, "auto") == 0)
                 o->peak_isa = SDPA_ISA_AUTO;
@@ -653,6 +663,7 @@ static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const 
         fill(dout, qdt, (size_t)nq, 4);
     sdpa_params p = {0};
     p.causal = s->mask == BENCH_MASK_CAUSAL_TL || s->mask == BENCH_MASK_CAUSAL_BR;
+    p.softcap = o->softcap;
     p.align = s->mask == BENCH_MASK_CAUSAL_BR ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
     sdpa_tensor tm;
     if (add) {
@@ -851,6 +862,7 @@ int cli_bench(int argc, char **argv) {
 
     ri.preset = o.n_shapes == 0 ? o.preset : NULL;
     ri.backward = o.backward;
+    ri.softcap = o.softcap;
     ri.reps_max = o.reps;
     ri.warmup = o.warmup;
     ri.min_time = o.min_time;

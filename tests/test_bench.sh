@@ -58,10 +58,12 @@ else
   fail causal_add
 fi
 
-# --backward times sdpa_backward: FLOP 2.5 x the forward's, and the bwd/fwd ratio.
-check backward 0 -- --backward --shape 1,2,8,8,4 --reps 1 --min-time 0.1 --threads 1 --json "$tmp/b.json"
-if grep -q 'bwd/fwd' "$tmp/out" &&
-  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); s=j["shapes"][0]; assert j["op"]=="backward" and s["flops"]==2.5*4*2*4*64 and s["bwd_over_fwd"]>0, s' \
+# --backward times sdpa_backward: FLOP 2.5 x the forward's, and the bwd/fwd ratio (with a
+# softcap, which the header and the JSON name).
+check backward 0 -- --backward --shape 1,2,8,8,4 --reps 1 --min-time 0.1 --threads 1 --json "$tmp/b.json" \
+  --softcap 30
+if grep -q 'bwd/fwd' "$tmp/out" && grep -q 'softcap 30 at every shape' "$tmp/out" &&
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); s=j["shapes"][0]; assert j["op"]=="backward" and j["softcap"]==30 and s["flops"]==2.5*4*2*4*64 and s["bwd_over_fwd"]>0, s' \
     "$tmp/b.json" 2>/dev/null; then
   ok backward_figures
 else
@@ -119,6 +121,7 @@ check help 0 -- --help
 if grep -q 'visible' "$tmp/out"; then ok help_flops; else fail help_flops; fi
 if grep -q -- '--kv-dtype' "$tmp/out" && grep -q 'rd GB/s' "$tmp/out"; then ok help_dtype; else fail help_dtype; fi
 check bad_option 2 -- --frob
+check bad_softcap 2 -- --softcap -2 --shape 1,1,4,4,4
 check bad_threads 2 -- --threads -3
 check bad_shape 2 -- --shape 1,3/2,8,8,4
 check bad_preset 2 -- --preset huge
