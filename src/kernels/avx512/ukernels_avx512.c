@@ -35,7 +35,9 @@ enum { FEW_PREFETCH_KEYS = 16, FEW_NEAR_KEYS = 4 };
  * it, vscalefps would round a subnormal result, and on an Intel Xeon (model 207) every such
  * result costs a microcode assist. Hidden keys' scores (-inf) made the softmax of a causal
  * slice cost twice an unmasked one's, and a finite mask value of -1e9 (as some frameworks
- * use) made a whole forward 15 times slower. */
+ * use) made a whole forward 15 times slower. (A constant 2^-149 there instead, positive as
+ * the reference's weight is, made the P V products subnormal: 30 times slower again. A +0
+ * weight against an Inf in V gives NaN; the driver has such rows computed again.) */
 INLINE __m512 exp512(__m512 x, __mmask16 hide, __m512 v) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ);
     x = _mm512_maskz_mov_ps((__mmask16)~under, x); /* NaN x stays NaN */
@@ -560,7 +562,6 @@ static int exp_lse_rows_avx512(int64_t nr, int64_t nk, float *s, int64_t lds, co
     return hidden != 0;
 }
 
-/* The backward's dS (ukernels.h), 16 lanes at a time, the last vector of a row masked. */
 /* tanh(y), formed for a = |y| and given y's sign: below a = 0.55 by a + a^3 Q(a^2), Q of
  * degree 4 (a least-squares fit to tanh on [0, 0.55] weighted by 1 / tanh: within 1.1e-9 of
  * it, relative), and from there on by 1 - 2 / (e^(2a) + 1), where the subtraction loses less
@@ -598,6 +599,7 @@ static void softcap_avx512(int64_t n, float *x, float cap, float *dsdx) {
     }
 }
 
+/* The backward's dS (ukernels.h), 16 lanes at a time, the last vector of a row masked. */
 static void ds_avx512(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
                       const float *dsdx, const float *delta, int per_lane) {
     const __m512i neg_zero_bits = _mm512_set1_epi32((int)0x80000000u);
