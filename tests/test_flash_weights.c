@@ -211,6 +211,8 @@ static void test_window_passes(void) {
                 c.p.window_left = windows[w][0];
                 c.p.window_right = windows[w][1];
                 c.p.align = br ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
+                /* softcap with GQA: it must not make the window's hidden keys -cap */
+                c.p.softcap = hq > 1 ? 30.0f : 0.0f;
                 char name[96];
                 snprintf(name, sizeof name, "window (%lld,%lld) Lq=%lld Lk=%lld Hq=%lld %s",
                          (long long)windows[w][0], (long long)windows[w][1], (long long)lens[n][0],

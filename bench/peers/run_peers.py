@@ -41,8 +41,8 @@ What it does:
      - PyTorch torch.nn.functional.scaled_dot_product_attention, CPU, torch.set_num_threads(N),
        under torch.inference_mode(), Q in the shape's dtype and K, V in its kv_dtype (see
        "Dtypes" below); causal as is_causal, causal-br as a bool attn_mask, and causal-add
-       as an additive attn_mask in Q's dtype (0 and its most negative value), as sdpa gets
-       it (numpy and ggml take causal-add as causal);
+       as an additive attn_mask in Q's dtype (0 and that dtype's most negative value; sdpa's
+       is f32's), torch's own mask path as sdpa's (numpy and ggml take causal-add as causal);
      - the seeds' numpy code: scores = Q @ K^T / sqrt(d); softmax(scores) row by row
        (exp(x - max) / sum); output = weights @ V, over all heads at once with numpy
        broadcasting, so it materialises (B, H, Lq, Lk) arrays. Shapes whose three live
@@ -348,8 +348,9 @@ def run_torch_numpy(job, results):
         elif g > 1:
             tk, tv = tk.repeat_interleave(g, dim=1), tv.repeat_interleave(g, dim=1)
         if s.get("mask") == "causal-add":
-            # the same pattern as an additive mask in Q's dtype, 0 and its most negative
-            # value (as Hugging Face transformers builds masks), as sdpa bench passes it
+            # the same pattern as an additive mask in Q's dtype, 0 and that dtype's most
+            # negative value (as Hugging Face transformers builds masks); sdpa bench passes an
+            # f32 mask of 0 and -FLT_MAX
             t = tdt[qdt]
             kw["attn_mask"] = torch.zeros(vis.shape, dtype=t).masked_fill(
                 torch.from_numpy(~vis), torch.finfo(t).min)

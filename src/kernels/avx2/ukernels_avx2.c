@@ -514,7 +514,6 @@ static int exp_lse_rows_avx2(int64_t nr, int64_t nk, float *s, int64_t lds, cons
     return _mm256_movemask_ps(hidden) != 0;
 }
 
-/* The backward's dS (ukernels.h), 8 lanes at a time, the last vector of a row masked. */
 /* tanh(y), as the AVX-512 table's tanh512 (the same polynomial, switch and clamp): this
  * table's exp is within 1 ulp there. */
 INLINE __m256 tanh256(__m256 y) {
@@ -555,6 +554,7 @@ static void softcap_avx2(int64_t n, float *x, float cap, float *dsdx) {
     }
 }
 
+/* The backward's dS (ukernels.h), 8 lanes at a time, the last vector of a row masked. */
 static void ds_avx2(int64_t nr, int64_t n, float *dp, int64_t ld, const float *w, const float *z,
                     const float *dsdx, const float *delta, int per_lane) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
