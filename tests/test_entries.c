@@ -1,0 +1,358 @@
+/*
+ * test_entries.c — the micro-kernel tables' entries (src/kernels/ukernels.h) one at a time,
+ * against their contracts, at every ISA level the CPU has: the accuracy of each table's exp
+ * (through its softmax) and softcap, the widening and storing, and the decode entries that read
+ * a cache in place. The drivers' use of them is tested through the public calls (test_flash.c,
+ * test_flash_backward.c). Tables the CPU cannot run are reported as skipped, never as passed.
+ */
+#include "check.h"
+#include "testutil.h"
+
+#include "../src/dispatch/impl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* exp through the softmax micro-kernel: one key per row and m = 0, so that with scores <= 0
+ * the weights are exp(score). */
+static void test_exp_accuracy(void) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
+            continue;
+        }
+        enum { N = 4096 };
+        static float s[N], m[N], l[N], alpha[N];
+        double worst = 0.0, worst_x = 0.0;
+        for (int i = 0; i < N; i++) {
+            s[i] = -87.0f * (float)i / (N - 1); /* [-87, 0]: the range a softmax uses */
+            m[i] = 0.0f;
+            l[i] = 0.0f;
+        }
+        uk->softmax(1, N, s, N, m, l, alpha);
+        for (int i = 0; i < N; i++) {
+            const double want = exp((double)(-87.0f * (float)i / (N - 1)));
+            const double ulp = ldexp(1.0, ilogb(want) - 23);
+            const double e = fabs((double)s[i] - want) / ulp;
+            if (e > worst) {
+                worst = e;
+                worst_x = log(want);
+            }
+        }
+        printf("    %-8s exp: worst %.2f ulp at x = %.3f\n", uk->name, worst, worst_x);
+        CHECK_MSG(worst <= 2.0, "%s exp error %.2f ulp", uk->name, worst);
+        /* Below e^-87: a table may stop there (AVX2 returns e^-87); one whose exp goes on
+         * into the subnormals must be within one subnormal step of exp(x) there, and give +0,
+         * the f32 value, below -104 (far below every other key's, as a -1e9 mask value puts a
+         * score), never -0.0, the hidden keys' mark. */
+        static const float deep[] = {-87.5f,   -90.0f,   -95.0f,  -100.0f,  -102.0f, -103.5f,
+                                     -103.95f, -104.01f, -110.0f, -1000.0f, -1e9f,   -3.4e38f};
+        enum { NDEEP = sizeof deep / sizeof deep[0] };
+        for (int i = 0; i < NDEEP; i++) {
+            s[i] = deep[i];
+            m[i] = 0.0f;
+            l[i] = 0.0f;
+        }
+        uk->softmax(1, NDEEP, s, NDEEP, m, l, alpha);
+        const int subnormals = s[2] < 1e-38f; /* exp(-95) = 5.5e-42 */
+        for (int i = 0; i < NDEEP; i++) {
+            CHECK_MSG(!signbit(s[i]) && s[i] <= 1.7e-38f, "%s: exp(%g) = %g", uk->name,
+                      (double)deep[i], (double)s[i]);
+            if (!subnormals)
+                continue;
+            if (deep[i] < -104.0f)
+                CHECK_MSG(s[i] == 0.0f, "%s: exp(%g) = %g, not +0", uk->name, (double)deep[i],
+                          (double)s[i]);
+            else
+                CHECK_MSG(fabs((double)s[i] - exp((double)deep[i])) <= 0x1p-149,
+                          "%s: exp(%g) = %g, more than a subnormal step from %g", uk->name,
+                          (double)deep[i], (double)s[i], exp((double)deep[i]));
+        }
+        /* a NaN score gives a NaN weight whatever its payload and sign (a kernel that builds
+         * 2^n from the bits of a rounded x must not turn one into a number) */
+        for (int i = 0; i < N; i++) {
+            const uint32_t bits =
+                (i % 2 ? 0xff800000u : 0x7f800000u) | (1u + (uint32_t)i * 2053u) % 0x7fffffu;
+            memcpy(&s[i], &bits, sizeof bits);
+            m[i] = 0.0f;
+            l[i] = 0.0f;
+        }
+        uk->softmax(1, N, s, N, m, l, alpha);
+        int not_nan = 0;
+        for (int i = 0; i < N; i++)
+            not_nan += !isnan(s[i]) || !isnan(l[i]);
+        CHECK_MSG(not_nan == 0, "%s: %d NaN scores gave a number", uk->name, not_nan);
+        /* hidden keys are -0.0, and alpha for a row that had seen nothing is harmless */
+        s[0] = -INFINITY;
+        m[0] = -INFINITY;
+        l[0] = 0.0f;
+        uk->softmax(1, uk->lanes, s, uk->lanes, m, l, alpha);
+        CHECK(s[0] == 0.0f && signbit(s[0]));
+        CHECK(l[0] == 0.0f && m[0] == -INFINITY);
+    }
+}
+
+/* softcap through each table's entry: within 3.5 ulp of cap tanh(x / cap) (x / cap rounded
+ * once, as the entry does; with libm's tanhf, the rounding of t and of cap t alone reach 3.1:
+ * an ulp of t can be 3.3 of cap t's) over
+ * scores from 0 to far past the cap, both signs, and the derivative (1 - t)(1 + t) within 4
+ * units of ulp(itself) + 2^-23 (t, an f32, is 2^-24 from 1 at best, which leaves the
+ * derivative near 1 - t^2 = 0 an absolute error of that order);
+ * the special values: +-inf give +-cap, NaN stays NaN, -0.0 stays -0.0; and any n (the
+ * tail of a vector). */
+static void test_softcap_accuracy(void) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    enum { N = 20001 };
+    static float x[N], dsdx[N];
+    static const float caps[] = {50.0f, 30.0f, 1.0f};
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
+            continue;
+        }
+        double worst = 0.0, worst_d = 0.0;
+        for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+            const float cap = caps[c];
+            for (int i = 0; i < N; i++) /* |x| / cap from 0 to 10, both signs */
+                x[i] = (i % 2 ? -1.0f : 1.0f) * cap * 10.0f * (float)(i / 2) / (N / 2);
+            uk->softcap(N, x, cap, dsdx);
+            for (int i = 0; i < N; i++) {
+                const float x0 = (i % 2 ? -1.0f : 1.0f) * cap * 10.0f * (float)(i / 2) / (N / 2);
+                const double y = (double)(x0 / cap), tw = tanh(y), want = (double)cap * tw;
+                const double ulp = want == 0.0 ? 0x1p-149 : ldexp(1.0, ilogb(want) - 23);
+                const double e = fabs((double)x[i] - want) / ulp;
+                worst = e > worst ? e : worst;
+                const double dw = (1.0 - tw) * (1.0 + tw);
+                const double dulp = (dw > 0.0 ? ldexp(1.0, ilogb(dw) - 23) : 0.0) + 0x1p-23;
+                const double ed = fabs((double)dsdx[i] - dw) / dulp;
+                worst_d = ed > worst_d ? ed : worst_d;
+            }
+        }
+        printf("    %-8s softcap: worst %.2f ulp, derivative %.2f\n", uk->name, worst, worst_d);
+        CHECK_MSG(worst <= 3.5, "%s softcap error %.2f ulp", uk->name, worst);
+        CHECK_MSG(worst_d <= 4.0, "%s softcap derivative error %.2f", uk->name, worst_d);
+        float sp[5] = {INFINITY, -INFINITY, NAN, -0.0f, 0.0f}, dsp[5];
+        uk->softcap(5, sp, 50.0f, dsp);
+        CHECK(sp[0] == 50.0f && sp[1] == -50.0f && isnan(sp[2]) && sp[3] == 0.0f &&
+              signbit(sp[3]) && sp[4] == 0.0f && !signbit(sp[4]));
+        CHECK(dsp[0] == 0.0f && dsp[1] == 0.0f && dsp[3] == 1.0f);
+        for (int n = 0; n <= 19; n++) { /* only x[0, n) is touched */
+            for (int i = 0; i < 24; i++)
+                x[i] = i < n ? 100.0f : 7.0f;
+            uk->softcap(n, x, 50.0f, NULL);
+            int ok = 1;
+            for (int i = 0; i < 24; i++)
+                ok &= i < n ? fabsf(x[i] - 48.201379f) < 1e-4f : x[i] == 7.0f;
+            CHECK_MSG(ok, "%s softcap of %d values", uk->name, n);
+        }
+    }
+}
+
+/* Every table's widening and storing are bitwise the portable entries' (ukernels.h), NaN
+ * included: all 65536 patterns of f16 and bf16 widened at every alignment of a row's tail,
+ * and, narrowed, f32 values of every exponent with the ties, overflow edges, subnormals,
+ * zeros, infinities and NaNs, times scales that make more of them, at lengths 1 to 37 (the
+ * vector tails) and with a feature stride of 3. */
+static void test_convert_rows(void) {
+    enum { NP = 65536, NF = 1 << 16 };
+    uint16_t *h = malloc(NP * sizeof *h);
+    float *want = malloc(NP * sizeof *want), *got = malloc(NP * sizeof *got);
+    float *f = malloc(NF * sizeof *f);
+    uint16_t *hw = malloc(3 * NF * sizeof *hw), *hg = malloc(3 * NF * sizeof *hg);
+    for (unsigned u = 0; u < NP; u++)
+        h[u] = (uint16_t)u;
+    tu_rng rng = {12345};
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
+        0x477fe000u, 0x477fefffu, 0x477ff000u, 0x477fffffu, 0x33800000u, 0x33000000u, 0x33000001u,
+        0x387fc000u, 0x7f7f8000u, 0x7f7fffffu, 0x7f7f7fffu, 0x00008000u, 0x00018000u};
+    const size_t n_special = sizeof special / sizeof special[0];
+    for (int c = 0; c < NF; c++) {
+        uint32_t u = (uint32_t)tu_next(&rng);
+        if ((size_t)c < n_special)
+            u = special[c];
+        else if (c % 3 == 0) /* ties of f16 and bf16: the cut bits exactly one half */
+            u = (u & 0xffff0000u) | (c % 2 ? 0x8000u : 0x1000u);
+        else if (c % 3 == 1) /* exponents around f16's range and subnormals */
+            u = (u & 0x807fffffu) | ((uint32_t)(96 + tu_next(&rng) % 48) << 23);
+        memcpy(&f[c], &u, sizeof u);
+    }
+    static const float scales[] = {1.0f, 0.5f, 3.0f, 1e-30f};
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
+            continue;
+        }
+        int bad = 0;
+        for (int elem = SDPA__ELEM_F16; elem <= SDPA__ELEM_BF16; elem++) {
+            sdpa__load_row_generic(elem, NP, h, 1, want);
+            for (int64_t n0 = 0; n0 < 37; n0++) { /* rows of 1..37 from every start */
+                uk->load_row(elem, NP - n0 * 1000 - n0, h + n0 * 1000, 1, got);
+                if (memcmp(got, want + n0 * 1000, (size_t)(NP - n0 * 1001) * sizeof *got) != 0)
+                    CHECK_MSG(bad++ > 0, "[%s] load_row elem %d from %lld differs", uk->name, elem,
+                              (long long)(n0 * 1000));
+            }
+            uk->load_row(elem, NP / 3, h, 3, got);
+            sdpa__load_row_generic(elem, NP / 3, h, 3, want);
+            if (memcmp(got, want, (size_t)(NP / 3) * sizeof *got) != 0)
+                CHECK_MSG(bad++ > 0, "[%s] strided load_row elem %d differs", uk->name, elem);
+            for (size_t sc = 0; sc < sizeof scales / sizeof scales[0]; sc++)
+                for (int64_t len = 1; len <= 37; len++) {
+                    for (int64_t c0 = 0; c0 + len <= NF; c0 += len) {
+                        uk->store_row(elem, len, f + c0, scales[sc], hg + c0, 1);
+                        sdpa__store_row_generic(elem, len, f + c0, scales[sc], hw + c0, 1);
+                    }
+                    if (memcmp(hg, hw, (size_t)(NF - NF % len) * sizeof *hg) != 0)
+                        CHECK_MSG(bad++ > 0, "[%s] store_row elem %d len %lld scale %g differs",
+                                  uk->name, elem, (long long)len, (double)scales[sc]);
+                }
+            memset(hg, 0, 3 * NF * sizeof *hg);
+            memset(hw, 0, 3 * NF * sizeof *hw);
+            uk->store_row(elem, NF, f, 1.0f, hg, 3);
+            sdpa__store_row_generic(elem, NF, f, 1.0f, hw, 3);
+            if (memcmp(hg, hw, 3 * NF * sizeof *hg) != 0)
+                CHECK_MSG(bad++ > 0, "[%s] strided store_row elem %d differs", uk->name, elem);
+        }
+        printf("    %-8s load_row and store_row: %s\n", uk->name, bad ? "DIFFER" : "bitwise equal");
+        CHECK_INT_EQ(bad, 0);
+    }
+    free(h);
+    free(want);
+    free(got);
+    free(f);
+    free(hw);
+    free(hg);
+}
+
+/* The decode entries that read a cache in place (qk_few_half for f16 and bf16, pv_few for
+ * those and f32) give bitwise what qk_few and pv give on the same rows widened (or copied)
+ * first, for every row count they take (1..4), feature counts around the vector widths, key
+ * counts around their blocks, and a row stride wider than the row. The rows they may ask for
+ * ahead (k_next, v_next) are other rows of the same buffer: a request changes no result. And
+ * qk_few's scores of several rows are bitwise those of each row alone. */
+static void test_few_in_place_entries(void) {
+    static const int64_t dims[] = {1, 7, 8, 9, 15, 16, 17, 33, 64, 127, 128, 129};
+    enum { NK = 37, LD_PAD = 5, MAXD = 129 };
+    const int64_t ld = MAXD + LD_PAD;
+    uint16_t *h = malloc(NK * ld * sizeof *h);
+    float *f = malloc(NK * ld * sizeof *f); /* the f32 cache */
+    float *wide = malloc(NK * ld * sizeof *wide), *q = malloc(4 * MAXD * sizeof *q);
+    float *s_want = malloc(NK * 16 * sizeof *s_want), *s_got = malloc(NK * 16 * sizeof *s_got);
+    float *p = malloc(NK * 16 * sizeof *p), *alpha = malloc(16 * sizeof *alpha);
+    float *o_want = malloc(4 * MAXD * sizeof *o_want), *o_got = malloc(4 * MAXD * sizeof *o_got);
+    tu_rng rng = {99};
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (uk->qk_few_half == NULL && uk->pv_few == NULL) {
+            printf("    %-8s offers no in-place decode entries\n", uk->name);
+            continue;
+        }
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
+            continue;
+        }
+        int bad = 0, cases = 0;
+        for (int elem = SDPA__ELEM_F32; elem <= SDPA__ELEM_BF16; elem++)
+            for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+                for (int64_t nr = 1; nr <= SDPA__FEW_ROWS; nr++)
+                    for (int64_t nk = 1; nk <= NK; nk += 6) {
+                        const int64_t d = dims[di];
+                        for (int64_t n = 0; n < NK * ld; n++) {
+                            const float x = (float)tu_randn(&rng);
+                            uint32_t u;
+                            memcpy(&u, &x, sizeof u);
+                            /* f16 from a value in its range; bf16 the top half */
+                            h[n] = elem == SDPA__ELEM_BF16 ? (uint16_t)(u >> 16)
+                                                           : (uint16_t)(0x3c00u ^ (u & 0x83ffu));
+                            f[n] = x;
+                        }
+                        const void *cache = elem == SDPA__ELEM_F32 ? (const void *)f : h;
+                        for (int64_t j = 0; j < nk; j++)
+                            sdpa__load_row_generic(
+                                elem, d,
+                                elem == SDPA__ELEM_F32 ? (const void *)(f + j * ld) : h + j * ld, 1,
+                                wide + j * d);
+                        const float *rows[4];
+                        for (int64_t r = 0; r < 4; r++) {
+                            for (int64_t c = 0; c < d; c++)
+                                q[r * MAXD + c] = (float)tu_randn(&rng);
+                            rows[r] = q + r * MAXD;
+                        }
+                        if (uk->qk_few_half != NULL && elem != SDPA__ELEM_F32) {
+                            memset(s_want, 0, NK * 16 * sizeof *s_want);
+                            memset(s_got, 0, NK * 16 * sizeof *s_got);
+                            uk->qk_few(nk, nr, d, wide, d, wide, rows, 0.125f, s_want, 16);
+                            uk->qk_few_half(elem, nk, nr, d, h, ld, h + ld, rows, 0.125f, s_got,
+                                            16);
+                            if (memcmp(s_want, s_got, (size_t)(nk * 16) * sizeof *s_got) != 0)
+                                CHECK_MSG(bad++ > 0,
+                                          "[%s] qk_few_half elem %d d=%lld nr=%lld "
+                                          "nk=%lld differs from qk_few",
+                                          uk->name, elem, (long long)d, (long long)nr,
+                                          (long long)nk);
+                        }
+                        if (elem == SDPA__ELEM_F32 && nr > 1) {
+                            /* each of nr rows as qk_few gives it alone: the sums over the
+                             * features of a block of rows by keys (AVX-512: one tree for 3
+                             * and 4 rows) add in the order of one row's */
+                            uk->qk_few(nk, nr, d, wide, d, wide, rows, 0.125f, s_got, 16);
+                            for (int64_t r = 0; r < nr; r++) {
+                                uk->qk_few(nk, 1, d, wide, d, wide, rows + r, 0.125f, s_want, 16);
+                                for (int64_t j = 0; j < nk; j++)
+                                    if (memcmp(s_want + j * 16, s_got + j * 16 + r,
+                                               sizeof *s_got) != 0)
+                                        CHECK_MSG(bad++ > 0,
+                                                  "[%s] qk_few d=%lld nr=%lld nk=%lld: row %lld "
+                                                  "of key %lld differs from the row alone",
+                                                  uk->name, (long long)d, (long long)nr,
+                                                  (long long)nk, (long long)r, (long long)j);
+                            }
+                        }
+                        if (uk->pv_few != NULL) {
+                            for (int64_t n = 0; n < nk * 16; n++)
+                                p[n] = (float)tu_uniform(&rng);
+                            for (int64_t r = 0; r < 16; r++)
+                                alpha[r] = (float)tu_uniform(&rng);
+                            for (int64_t n = 0; n < 4 * MAXD; n++)
+                                o_want[n] = o_got[n] = (float)tu_randn(&rng);
+                            uk->pv(nk, nr, d, p, 16, alpha, wide, d, o_want, MAXD);
+                            uk->pv_few(elem, nk, nr, d, p, 16, alpha, cache, ld, cache, o_got,
+                                       MAXD);
+                            if (memcmp(o_want, o_got, 4 * MAXD * sizeof *o_got) != 0)
+                                CHECK_MSG(bad++ > 0,
+                                          "[%s] pv_few elem %d d=%lld nr=%lld "
+                                          "nk=%lld differs from pv",
+                                          uk->name, elem, (long long)d, (long long)nr,
+                                          (long long)nk);
+                        }
+                        cases++;
+                    }
+        printf("    %-8s qk_few_half, pv_few: %d cases, %s\n", uk->name, cases,
+               bad ? "DIFFER" : "bitwise equal to widening first");
+        CHECK_INT_EQ(bad, 0);
+    }
+    free(h);
+    free(f);
+    free(wide);
+    free(q);
+    free(s_want);
+    free(s_got);
+    free(p);
+    free(alpha);
+    free(o_want);
+    free(o_got);
+}
+
+CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_softcap_accuracy), CASE(test_convert_rows),
+           CASE(test_few_in_place_entries))
