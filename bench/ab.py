@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--backward", action="store_true",
                     help="time sdpa_backward (sdpa bench --backward) instead of the forward")
     ap.add_argument("--softcap", help="as sdpa bench --softcap (both binaries must have it)")
+    ap.add_argument("--alibi", action="store_true",
+                    help="as sdpa bench --alibi (both binaries must have it)")
     ap.add_argument("--json", help="write every kept run here")
     o = ap.parse_args()
     if o.rounds < 1:
@@ -89,6 +91,8 @@ def main():
         args.append("--backward")
     if o.softcap is not None:
         args += ["--softcap", o.softcap]
+    if o.alibi:
+        args += ["--alibi"]
     args += [x for s in o.shape for x in ("--shape", s)] if o.shape else ["--preset", o.preset]
     kept = {"a": [], "b": []}
     with tempfile.TemporaryDirectory() as tmp:

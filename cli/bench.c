@@ -91,6 +91,8 @@ static const char help[] =
 static const char help_figures[] =
     "  --softcap C          scores capped as C tanh(s / C) (Gemma 2's 50; default 0: off)\n"
     "                       at every shape, forward and backward alike\n"
+    "  --alibi              ALiBi with the standard slopes (as sdpa run --alibi) at every\n"
+    "                       shape, forward and backward alike\n"
     "  --help               this text\n"
     "\n"
     "The header names the kernels that ran and their ISA level, the CPU (model, family and\n"
@@ -228,6 +230,7 @@ typedef struct options {
     int backward;        /* time sdpa_backward */
     int dtype, kv_dtype; /* --dtype, --kv-dtype; BENCH_DTYPE_UNSET when not given */
     float softcap;       /* --softcap; 0: off */
+    int alibi;           /* --alibi */
 } options;
 
 /* "f32", "f16" or "bf16". @return 0 and sets *dt, or -1. */
@@ -389,6 +392,8 @@ static int parse_options(int argc, char **argv, options *o) {
                                        v ? v : "");
         } else if (strcmp(argv[i], "--backward") == 0) {
             o->backward = 1;
+        } else if (strcmp(argv[i], "--alibi") == 0) {
+            o->alibi = 1;
         } else if (cli_option_value(argc, argv, &i, "--softcap", &v)) {
             char *end = NULL;
             const double c = v != NULL ? strtod(v, &end) : -1.0;
@@ -627,8 +632,10 @@ static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const 
     const int add = s->mask == BENCH_MASK_CAUSAL_ADD;
     int64_t nmask = s->lq;
     float *mask = add && mul_ok(&nmask, s->lk) ? alloc_elems(nmask, sizeof(float)) : NULL;
+    float *slopes = o->alibi ? malloc((size_t)s->hq * sizeof *slopes) : NULL;
     int rc = CLI_OK;
     if (q == NULL || kvbuf == NULL || out == NULL || times == NULL || (add && mask == NULL) ||
+        (o->alibi && slopes == NULL) ||
         (bw && (lse == NULL || dout == NULL || dq == NULL || dk == NULL || dv == NULL ||
                 times_f == NULL))) {
         progress_clear(pg);
@@ -664,6 +671,10 @@ static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const 
     sdpa_params p = {0};
     p.causal = s->mask == BENCH_MASK_CAUSAL_TL || s->mask == BENCH_MASK_CAUSAL_BR;
     p.softcap = o->softcap;
+    if (o->alibi) {
+        cli_alibi_slopes(s->hq, slopes);
+        p.alibi_slopes = slopes;
+    }
     p.align = s->mask == BENCH_MASK_CAUSAL_BR ? SDPA_ALIGN_BOTTOM_RIGHT : SDPA_ALIGN_TOP_LEFT;
     sdpa_tensor tm;
     if (add) {
@@ -735,6 +746,7 @@ static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const 
     r->ws_gbs = fmax(r->ws_gbs_before, r->ws_gbs_after);
 done:
     free(mask);
+    free(slopes);
     free(times);
     free(times_f);
     free(lse);
@@ -863,6 +875,7 @@ int cli_bench(int argc, char **argv) {
     ri.preset = o.n_shapes == 0 ? o.preset : NULL;
     ri.backward = o.backward;
     ri.softcap = o.softcap;
+    ri.alibi = o.alibi;
     ri.reps_max = o.reps;
     ri.warmup = o.warmup;
     ri.min_time = o.min_time;

@@ -109,6 +109,7 @@ typedef struct bench_run {
     const char *preset; /* NULL when the shapes came from --shape */
     int backward;       /* the timed call is sdpa_backward (FLOP: 2.5 x the forward's) */
     float softcap;      /* every shape's softcap (0: off) */
+    int alibi;          /* every shape with ALiBi's standard slopes */
     int n_threads;
     const char *isa;     /* sdpa_isa_name(sdpa_ctx_isa()): the level of the kernels that run */
     const char *kernel;  /* sdpa_ctx_kernel(): the implementation that runs */

@@ -146,6 +146,8 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
                 sdpa_isa_name(ri->peak_start.isa), ri->isa);
     if (ri->softcap > 0.0f)
         fprintf(f, "softcap %g at every shape\n", (double)ri->softcap);
+    if (ri->alibi)
+        fprintf(f, "ALiBi (the standard slopes) at every shape\n");
     if (ri->backward)
         fprintf(f, "sdpa_backward (FLOP = 2.5 x the forward's):\n");
     fprintf(f, "%3s %6s %6s %6s %5s %-10s %-9s %5s %10s %10s %10s %9s %6s %8s %8s %8s %6s %9s%s\n",
@@ -255,6 +257,7 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
     json_number(f, ri->min_time);
     fprintf(f, ",\n  \"op\": \"%s\",\n  \"softcap\": ", ri->backward ? "backward" : "forward");
     json_number(f, (double)ri->softcap);
+    fprintf(f, ",\n  \"alibi\": %s", ri->alibi ? "true" : "false");
     fputs(",\n  \"flop_convention\": \"4*B*Hq*D*visible_pairs: 2*D per visible (query, key) "
           "pair for Q K^T and 2*D for P V; softmax not counted; causal counts only the visible "
           "pairs; the backward counts 2.5 times that\",\n  \"bandwidth_convention\": \"gbs = "

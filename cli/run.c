@@ -323,7 +323,7 @@ static int check_shapes(const input *q, const input *k, const input *v) {
 
 /* ALiBi's standard slopes (Press et al.): for n = 2^floor(log2 H) heads 2^(-8i/n), i = 1..n;
  * the remaining H - n heads take every other slope of the 2n-head sequence. */
-static void standard_slopes(int64_t h, float *slopes) {
+void cli_alibi_slopes(int64_t h, float *slopes) {
     int64_t n = 1;
     while (n * 2 <= h)
         n *= 2;
@@ -449,7 +449,7 @@ int cli_run(int argc, char **argv) {
         if (slopes == NULL)
             goto nomem;
         if (a.alibi) {
-            standard_slopes(Hq, slopes);
+            cli_alibi_slopes(Hq, slopes);
         } else {
             if (load_input(&sl, a.slopes, 0, 1, "the slopes"))
                 goto done;

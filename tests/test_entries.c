@@ -1,15 +1,17 @@
 /*
  * test_entries.c — the micro-kernel tables' entries (src/kernels/ukernels.h) one at a time,
  * against their contracts, at every ISA level the CPU has: the accuracy of each table's exp
- * (through its softmax) and softcap, the widening and storing, and the decode entries that read
- * a cache in place. The drivers' use of them is tested through the public calls (test_flash.c,
- * test_flash_backward.c). Tables the CPU cannot run are reported as skipped, never as passed.
+ * (through its softmax) and softcap, the widening and storing, the decode entries that read a
+ * cache in place, and ALiBi's and the mask's terms (bias). The drivers' use of them is tested
+ * through the public calls (test_flash.c, test_flash_backward.c). Tables the CPU cannot run
+ * are reported as skipped, never as passed.
  */
 #include "check.h"
 #include "testutil.h"
 
 #include "../src/dispatch/impl.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -354,5 +356,113 @@ static void test_few_in_place_entries(void) {
     free(o_got);
 }
 
+/* bias (ukernels.h) one score at a time, as the contract states it. */
+static float bias_one(float x, const float *slope, const double *pos, double step,
+                      const float *const *m, int64_t r, int64_t j) {
+    if (slope != NULL)
+        x = x - slope[r] * (float)fabs(pos[r] + step * (double)j);
+    if (m != NULL)
+        x = m[r][j] == -INFINITY ? -INFINITY : x + m[r][j];
+    return x;
+}
+
+/* Equal bits, or both NaN (a NaN's payload is not part of any contract). */
+static int same_float(float a, float b) {
+    return memcmp(&a, &b, sizeof a) == 0 || (isnan(a) && isnan(b));
+}
+
+/* A score or a mask value: mostly normal ones, and now and then one of the values the rules
+ * single out. */
+static float draw_value(tu_rng *rng, double scale, const float *special, int n_special) {
+    const uint64_t u = tu_next(rng) % 8;
+    if (u == 0)
+        return special[tu_next(rng) % (uint64_t)n_special];
+    return (float)(scale * tu_randn(rng));
+}
+
+enum { BIAS_MAXR = 37, BIAS_MAXK = 70, BIAS_PAD = 3, BIAS_LDM = BIAS_MAXK + 5 };
+enum { BIAS_CAP = (BIAS_MAXR + BIAS_PAD) * (BIAS_MAXK + BIAS_PAD) + 64 };
+static const uint32_t bias_canary = 0x7fa5a5a5u; /* a NaN no operation produces */
+
+/* One tile of nr x nk scores through uk->bias with ALiBi (what & 1) and the mask (what & 2),
+ * row-major (layout 1) or transposed (0), against bias_one. @return 1 if every float of the
+ * buffer is as it should be, else 0 with a failure that names the first wrong one. */
+static int bias_case(const sdpa__ukernels *uk, int what, int layout, int64_t nr, int64_t nk,
+                     double step, tu_rng *rng) {
+    static const float special_s[] = {INFINITY, -INFINITY, NAN, -0.0f, 0.0f, 3e38f};
+    static const float special_m[] = {-INFINITY, -INFINITY, -0.0f, INFINITY, NAN, -FLT_MAX};
+    static float s[BIAS_CAP], want[BIAS_CAP], mbuf[BIAS_MAXR * BIAS_LDM];
+    const int64_t rs = layout ? nk + BIAS_PAD : 1, js = layout ? 1 : nr + BIAS_PAD;
+    float slope[BIAS_MAXR], canary;
+    double pos[BIAS_MAXR];
+    const float *m[BIAS_MAXR];
+    memcpy(&canary, &bias_canary, sizeof canary);
+    for (int64_t r = 0; r < nr; r++) {
+        slope[r] = (float)(0.5 * tu_uniform(rng));
+        const double span = r % 5 == 0 ? 0x1p26 : 4096.0; /* some distances round */
+        pos[r] = floor(span * (2.0 * tu_uniform(rng) - 1.0));
+        m[r] = mbuf + r * BIAS_LDM + r % 5;
+        for (int64_t j = 0; j < nk; j++)
+            mbuf[r * BIAS_LDM + r % 5 + j] = draw_value(rng, 4.0, special_m, 6);
+    }
+    for (int e = 0; e < BIAS_CAP; e++)
+        s[e] = canary;
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t j = 0; j < nk; j++)
+            s[r * rs + j * js] = draw_value(rng, 10.0, special_s, 6);
+    memcpy(want, s, sizeof s);
+    const float *sl = what & 1 ? slope : NULL;
+    const float *const *mk = what & 2 ? m : NULL;
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t j = 0; j < nk; j++)
+            want[r * rs + j * js] = bias_one(want[r * rs + j * js], sl, pos, step, mk, r, j);
+    uk->bias(nr, nk, sl, pos, step, mk, s, rs, js);
+    for (int e = 0; e < BIAS_CAP; e++) {
+        const int outside = memcmp(&want[e], &canary, sizeof canary) == 0;
+        if (outside ? memcmp(&s[e], &canary, sizeof canary) == 0 : same_float(s[e], want[e]))
+            continue;
+        static const char *const terms[] = {"", "ALiBi", "the mask", "ALiBi and the mask"};
+        CHECK_MSG(0, "[%s] bias with %s, %s, %lld rows x %lld keys: float %d is %g, not %g%s",
+                  uk->name, terms[what], layout ? "row-major" : "transposed", (long long)nr,
+                  (long long)nk, e, (double)s[e], (double)want[e],
+                  outside ? " (outside the tile)" : "");
+        return 0;
+    }
+    return 1;
+}
+
+/* Every table's bias is bitwise the contract (a NaN's payload aside) in both layouts (rs = 1,
+ * the forward's transposed tiles; js = 1, the backward's row-major ones), for row and key
+ * counts around the vector widths and the 16 x 16 blocks the tables turn (0..37 rows, 0..70
+ * keys), with ALiBi alone, the mask alone and both: distances past 2^24 (rounded once), steps
+ * of 1 and 3, negative and positive positions; mask values -inf, -0.0 (a bool's "attend"),
+ * +inf, NaN and -FLT_MAX among random ones, and scores of +-inf, NaN and -0.0. Nothing but the
+ * tile's scores is written: every other float of the buffer (the padding between rows or
+ * keys, and past the tile) keeps its canary. */
+static void test_bias(void) {
+    static const int64_t counts_r[] = {0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, BIAS_MAXR};
+    static const int64_t counts_k[] = {0, 1, 3, 8, 15, 16, 17, 33, 63, 64, 65, BIAS_MAXK};
+    enum { NR = sizeof counts_r / sizeof counts_r[0], NK = sizeof counts_k / sizeof counts_k[0] };
+    tu_rng rng = {2024};
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
+            continue;
+        }
+        int bad = 0, cases = 0;
+        for (int what = 1; what <= 3; what++)
+            for (int layout = 0; layout < 2; layout++)
+                for (int a = 0; a < NR; a++)
+                    for (int c = 0; c < NK; c++, cases++)
+                        if (bad == 0)
+                            bad += !bias_case(uk, what, layout, counts_r[a], counts_k[c],
+                                              (a + c) % 2 ? 3.0 : 1.0, &rng);
+        printf("    %-8s bias: %d tiles, %s\n", uk->name, cases, bad ? "DIFFER" : "bitwise equal");
+    }
+}
+
 CHECK_MAIN(CASE(test_exp_accuracy), CASE(test_softcap_accuracy), CASE(test_convert_rows),
-           CASE(test_few_in_place_entries))
+           CASE(test_few_in_place_entries), CASE(test_bias))

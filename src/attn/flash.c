@@ -232,42 +232,33 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     return at;
 }
 
-/* Applies softcap to the scores of keys ja.. of rows [r0, r1) (s[jj * rp + r]), hides keys
- * outside each row's window (on tiles the window cuts through), then applies ALiBi and the
- * mask to the visible scores. p is the problem of sequence b (sdpa__seq). */
+/* Applies softcap, ALiBi and the mask to the scores of keys ja.. of rows [r0, r1)
+ * (s[jj * rp + r]), then hides keys outside each row's window (on tiles the window cuts
+ * through). p is the problem of sequence b (sdpa__seq). */
 static void post_process(const flash_plan *pl, const sdpa__problem *p, int64_t b,
                          const task_scratch *tr, int64_t r0, int64_t r1, int64_t ja, int64_t nk,
                          int whole, float *s) {
-    if (p->softcap > 0.0) /* on every score, a key's rows a run: the hidden ones become -inf */
+    if (p->softcap > 0.0) /* on every score, a key's rows a run */
         for (int64_t jj = 0; jj < nk; jj++)
             pl->uk->softcap(r1 - r0, s + jj * pl->rp + r0, (float)p->softcap, NULL);
-    if (!whole) {
-        /* Rows are sorted by position, so the rows a key is hidden from are a prefix (right
-         * bound: i + off + wr < j) and a suffix (left bound: i + off - wl > j) of the range:
-         * two fills per key, no per-score test. */
-        for (int64_t jj = 0; jj < nk; jj++) {
-            const int64_t j = ja + jj;
-            int64_t a = r0, z = r1;
-            while (a < r1 && j > tr->hi[a])
-                a++;
-            while (z > a && j < tr->lo[z - 1])
-                z--;
-            float *s_j = s + jj * pl->rp;
-            for (int64_t r = r0; r < a; r++)
-                s_j[r] = -INFINITY;
-            for (int64_t r = z; r < r1; r++)
-                s_j[r] = -INFINITY;
-        }
-    }
-    if (p->alibi == NULL && !p->has_mask)
+    sdpa__tile_bias(pl->uk, p, b, tr->h + r0, tr->i + r0, r1 - r0, ja, nk, s + r0, 1, pl->rp);
+    if (whole)
         return;
-    /* a row at a time, over the keys its window lets it see (the others stay -inf) */
-    for (int64_t r = r0; r < r1; r++) {
-        const int64_t a = tr->lo[r] > ja ? tr->lo[r] - ja : 0;
-        const int64_t z = tr->hi[r] + 1 < ja + nk ? tr->hi[r] + 1 - ja : nk;
-        if (a < z)
-            sdpa__tile_scores_row(p, b, tr->h[r], tr->i[r], ja + a, z - a, s + a * pl->rp + r,
-                                  pl->rp);
+    /* Rows are sorted by position, so the rows a key is hidden from are a prefix (right bound:
+     * i + off + wr < j) and a suffix (left bound: i + off - wl > j) of the range: two fills per
+     * key, no per-score test. */
+    for (int64_t jj = 0; jj < nk; jj++) {
+        const int64_t j = ja + jj;
+        int64_t a = r0, z = r1;
+        while (a < r1 && j > tr->hi[a])
+            a++;
+        while (z > a && j < tr->lo[z - 1])
+            z--;
+        float *s_j = s + jj * pl->rp;
+        for (int64_t r = r0; r < a; r++)
+            s_j[r] = -INFINITY;
+        for (int64_t r = z; r < r1; r++)
+            s_j[r] = -INFINITY;
     }
 }
 

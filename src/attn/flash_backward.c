@@ -324,12 +324,12 @@ static float lse_at(const bwd_plan *pl, int64_t b, int64_t h, int64_t i) {
     return ((const float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)];
 }
 
-/* The rules of the scores of a tile, s[r * rs + jj * js] for rows r < nr (query positions
- * i0 + r of head h) and keys ja + jj, jj < nk, holding the scaled products, one of rs and js
- * 1: softcap on every score (and ds/dx into dsdx, laid out like s), as the forward applies it;
- * keys outside a row's window hidden (-inf) unless the whole tile is visible; then ALiBi and
- * the mask. A row whose LSE is -inf (fully masked in the forward) is hidden whole: it takes
- * no part in anything. */
+/* The rules of the scores of a tile, s[r * rs + jj * js] for rows r < nr <= QUERY_BLOCK (query
+ * positions i0 + r of head h) and keys ja + jj, jj < nk, holding the scaled products, one of rs
+ * and js 1: softcap on every score (and ds/dx into dsdx, laid out like s), ALiBi and the mask,
+ * as the forward applies them; then keys outside a row's window hidden (-inf) unless the whole
+ * tile is visible. A row whose LSE is -inf (fully masked in the forward) is hidden whole: it
+ * takes no part in anything. */
 static void tile_rules(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int64_t nr, int64_t ja,
                        int64_t nk, int whole, float *s, int64_t rs, int64_t js, float *dsdx) {
     const sdpa__problem *p = pl->p;
@@ -338,37 +338,37 @@ static void tile_rules(const bwd_plan *pl, int64_t b, int64_t h, int64_t i0, int
         for (int64_t x = 0; x < runs; x++)
             pl->uk->softcap(len, s + x * step, (float)p->softcap, dsdx + x * step);
     }
+    if (p->alibi != NULL || p->has_mask) {
+        int64_t heads[QUERY_BLOCK], rows[QUERY_BLOCK];
+        for (int64_t r = 0; r < nr; r++) {
+            heads[r] = h;
+            rows[r] = i0 + r;
+        }
+        sdpa__tile_bias(pl->uk, p, b, heads, rows, nr, ja, nk, s, rs, js);
+    }
     for (int64_t r = 0; r < nr; r++) {
         const int64_t i = i0 + r;
         float *s_r = s + r * rs;
+        int64_t a = 0, z = nk; /* the keys [a, z) of the tile that row i sees */
         if (lse_at(pl, b, h, i) == -INFINITY) {
-            for (int64_t jj = 0; jj < nk; jj++)
-                s_r[jj * js] = -INFINITY;
-            /* dsdx is read by the table's ds, whose result is -0.0 there whatever it is */
-            if (dsdx != NULL)
-                for (int64_t jj = 0; jj < nk; jj++)
-                    dsdx[r * rs + jj * js] = 0.0f;
-            continue;
-        }
-        int64_t a = 0, z = nk; /* the keys [a, z) of the tile that the window lets row i see */
-        if (!whole) {
+            z = 0;
+        } else if (!whole) {
             int64_t lo, hi;
             sdpa__row_keys(p, i, &lo, &hi);
             a = lo - ja < 0 ? 0 : lo - ja > nk ? nk : lo - ja;
             z = hi + 1 - ja < a ? a : hi + 1 - ja > nk ? nk : hi + 1 - ja;
-            for (int64_t jj = 0; jj < a; jj++)
-                s_r[jj * js] = -INFINITY;
-            for (int64_t jj = z; jj < nk; jj++)
-                s_r[jj * js] = -INFINITY;
-            if (dsdx != NULL) {
-                for (int64_t jj = 0; jj < a; jj++)
-                    dsdx[r * rs + jj * js] = 0.0f;
-                for (int64_t jj = z; jj < nk; jj++)
-                    dsdx[r * rs + jj * js] = 0.0f;
-            }
         }
-        if ((p->alibi != NULL || p->has_mask) && a < z)
-            sdpa__tile_scores_row(p, b, h, i, ja + a, z - a, s_r + a * js, js);
+        /* dsdx is read by the table's ds, whose result is -0.0 there whatever it is */
+        for (int64_t jj = 0; jj < a; jj++)
+            s_r[jj * js] = -INFINITY;
+        for (int64_t jj = z; jj < nk; jj++)
+            s_r[jj * js] = -INFINITY;
+        if (dsdx != NULL) {
+            for (int64_t jj = 0; jj < a; jj++)
+                dsdx[r * rs + jj * js] = 0.0f;
+            for (int64_t jj = z; jj < nk; jj++)
+                dsdx[r * rs + jj * js] = 0.0f;
+        }
     }
 }
 

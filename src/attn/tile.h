@@ -10,6 +10,7 @@
 
 #include "../core/half.h"
 #include "../core/problem.h"
+#include "../kernels/ukernels.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -94,60 +95,61 @@ static inline double sdpa__add_sink(double sigma, double *lse) {
     return a / sum;
 }
 
+/* Rows and keys of a tile per call of the table's bias: the mask rows of one call that cannot
+ * be read in place are widened into a tile of this size on the stack (4 KiB). */
+enum { SDPA__BIAS_ROWS = 16, SDPA__BIAS_KEYS = 64 };
+
 /* The score of query i and key j of (batch b, query head h) from its scaled product
  * x = scale q_i . k_j, for a key the window rule lets the row see (sdpa.h, Semantics):
  *     s = softcap(x) + alibi_ij + mask_ij,
- * -inf where a bool mask or a -inf bias hides the key. softcap, c tanh(x / c), is the
- * table's entry (ukernels.h; with ds/dx for the backward), applied by the drivers to whole
- * tiles before the window hides keys (a hidden score is -inf whatever it was). Then, in
- * place over softcap(x): */
-static inline float sdpa__score_alibi(const sdpa__problem *p, int64_t h, int64_t i, int64_t j,
-                                      float x) {
-    return x - p->alibi[h] * (float)sdpa__alibi_distance(p, i, j);
-}
-
-/* The mask's term, mv the mask's value read as f32 (a bool as 0 or 1). */
-static inline float sdpa__score_mask(sdpa_dtype dtype, float mv, float x) {
-    if (dtype == SDPA_BOOL)
-        return mv == 0.0f ? -INFINITY : x;
-    return mv == -INFINITY ? -INFINITY : x + mv;
-}
-
-/* The mask's terms of keys [0, n) of one row, s[jj * ld] (mask values at m, step `step`
- * elements), with the dtype constant where this is inlined. */
-static inline void sdpa__mask_row(sdpa_dtype dtype, const void *m, int64_t step, int64_t n,
-                                  float *s, int64_t ld) {
-    for (int64_t jj = 0; jj < n; jj++)
-        s[jj * ld] = sdpa__score_mask(dtype, sdpa__load(m, dtype, jj * step), s[jj * ld]);
-}
-
-/* ALiBi's and the mask's terms of keys [j0, j0 + n) of row (b, h, i), in place over
- * softcap(x): s[jj * ld]. The mask's row and dtype are looked up once per row (looked up per
- * score, they made a masked forward 3.5 times slower than an unmasked one at L = 512 on an
- * Intel Xeon). */
-static inline void sdpa__tile_scores_row(const sdpa__problem *p, int64_t b, int64_t h, int64_t i,
-                                         int64_t j0, int64_t n, float *s, int64_t ld) {
-    if (p->alibi != NULL)
-        for (int64_t jj = 0; jj < n; jj++)
-            s[jj * ld] = sdpa__score_alibi(p, h, i, j0 + jj, s[jj * ld]);
-    if (!p->has_mask || n <= 0)
+ * -inf where a bool mask or a -inf bias hides the key. softcap, c tanh(x / c), is the table's
+ * entry (ukernels.h; with ds/dx for the backward); so are ALiBi's and the mask's terms (bias),
+ * which this applies to a tile, in place over softcap(x):
+ *     s = s - slope_h * (float)|alibi_step (j - i) - off - alibi_shift|
+ *     s = (mask_ij == -inf ? -inf : s + mask_ij)
+ * (a bool mask read as -inf and -0.0: s + -0.0 is s). Rows r < nr of the tile are query i[r]
+ * of head h[r], keys [j0, j0 + nk), the scores s[r * rs + jj * js] (one of rs and js 1). Every
+ * score of the tile takes the terms, also those of keys a row's window hides: the drivers hide
+ * those afterwards (a hidden score is -inf whatever it was), so that a tile is one call of the
+ * table's entry per 16 rows. The forward and the backward both form their scores here. */
+static inline void sdpa__tile_bias(const sdpa__ukernels *uk, const sdpa__problem *p, int64_t b,
+                                   const int64_t *h, const int64_t *i, int64_t nr, int64_t j0,
+                                   int64_t nk, float *s, int64_t rs, int64_t js) {
+    if (p->alibi == NULL && !p->has_mask)
         return;
     const sdpa_tensor *mk = &p->mask;
-    const char *m = (const char *)mk->data +
-                    sdpa__offset(mk, b, h, i, j0) * (int64_t)sdpa_dtype_size(mk->dtype);
-    switch (mk->dtype) {
-    case SDPA_F32:
-        sdpa__mask_row(SDPA_F32, m, mk->stride[3], n, s, ld);
-        break;
-    case SDPA_F16:
-        sdpa__mask_row(SDPA_F16, m, mk->stride[3], n, s, ld);
-        break;
-    case SDPA_BF16:
-        sdpa__mask_row(SDPA_BF16, m, mk->stride[3], n, s, ld);
-        break;
-    case SDPA_BOOL:
-        sdpa__mask_row(SDPA_BOOL, m, mk->stride[3], n, s, ld);
-        break;
+    const int64_t step = p->alibi_step > 1 ? p->alibi_step : 1;
+    float slope[SDPA__BIAS_ROWS], wide[SDPA__BIAS_ROWS * SDPA__BIAS_KEYS];
+    double pos[SDPA__BIAS_ROWS];
+    const float *m[SDPA__BIAS_ROWS];
+    for (int64_t ja = 0; ja < nk; ja += SDPA__BIAS_KEYS) {
+        const int64_t n = nk - ja < SDPA__BIAS_KEYS ? nk - ja : SDPA__BIAS_KEYS, j = j0 + ja;
+        for (int64_t ra = 0; ra < nr; ra += SDPA__BIAS_ROWS) {
+            const int64_t nb = nr - ra < SDPA__BIAS_ROWS ? nr - ra : SDPA__BIAS_ROWS;
+            for (int64_t r = 0; r < nb; r++) {
+                const int64_t h_r = h[ra + r], i_r = i[ra + r];
+                if (p->alibi != NULL) { /* the distance at key j; each key further adds step */
+                    slope[r] = p->alibi[h_r];
+                    pos[r] = (double)(step * (j - i_r) - p->off - p->alibi_shift);
+                }
+                if (!p->has_mask)
+                    continue;
+                const void *row = (const char *)mk->data + sdpa__offset(mk, b, h_r, i_r, j) *
+                                                               (int64_t)sdpa_dtype_size(mk->dtype);
+                float *w = wide + r * SDPA__BIAS_KEYS;
+                m[r] = w;
+                if (mk->dtype == SDPA_F32 && mk->stride[3] == 1)
+                    m[r] = (const float *)row;
+                else if (mk->dtype == SDPA_BOOL)
+                    for (int64_t jj = 0; jj < n; jj++)
+                        w[jj] = sdpa__load(row, SDPA_BOOL, jj * mk->stride[3]) != 0.0f ? -0.0f
+                                                                                       : -INFINITY;
+                else
+                    uk->load_row((int)mk->dtype, n, row, mk->stride[3], w);
+            }
+            uk->bias(nb, n, p->alibi != NULL ? slope : NULL, pos, (double)step,
+                     p->has_mask ? m : NULL, s + ra * rs + ja * js, rs, js);
+        }
     }
 }
 

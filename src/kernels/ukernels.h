@@ -105,6 +105,22 @@ typedef struct sdpa__ukernels {
      * odd (-0.0 stays -0.0), +-1 at +-inf, NaN for NaN. The forward and the backward both
      * form scores with it, so that the backward's are bitwise the forward's. */
     void (*softcap)(int64_t n, float *x, float cap, float *dsdx);
+    /* ALiBi's and the mask's terms of a tile's scores, in place, for r < nr and j < nk (any
+     * nr, nk >= 0; one of rs and js is 1), with e = r*rs + j*js, in this order:
+     *   x = s[e]
+     *   x = x - slope[r] * (float)|pos[r] + step * j|    when slope is not NULL
+     *   x = (m[r][j] == -inf ? -inf : x + m[r][j])       when m is not NULL
+     *   s[e] = x
+     * each product and sum rounded once to f32 (the operations of src/attn/tile.h). pos[r] and
+     * step are integers held in doubles with |pos[r]| + step * nk < 2^53, so that the distance
+     * is exact before its one rounding to f32. m[r] points at row r's additive mask values,
+     * f32, contiguous (a bool mask comes as -inf and -0.0: x + -0.0 is x, whatever x is).
+     * Every table gives the same bits; nothing outside the nr x nk scores is read or written.
+     * The forward's transposed tiles (rs = 1) and the backward's row-major ones (js = 1) both
+     * come here: a row's mask values run along the keys, so the transposed layout needs them
+     * turned (written a score at a time down a column, they cost as much as the Q K^T). */
+    void (*bias)(int64_t nr, int64_t nk, const float *slope, const double *pos, double step,
+                 const float *const *m, float *s, int64_t rs, int64_t js);
     /* o[r*ldo + c] = alpha[r] * o[r*ldo + c] + sum_j p[j*ldp + r] * v[j*ldv + c]
      * for r < nr (not padded), c < dv. */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,
@@ -196,6 +212,11 @@ void sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, vo
 void sdpa__load_row_avx512(int elem, int64_t n, const void *src, int64_t stride, float *dst);
 void sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
                             int64_t stride);
+/* bias of the x86 tables (bias_<isa>.c): a vector of rows or of keys a step. */
+void sdpa__bias_avx2(int64_t nr, int64_t nk, const float *slope, const double *pos, double step,
+                     const float *const *m, float *s, int64_t rs, int64_t js);
+void sdpa__bias_avx512(int64_t nr, int64_t nk, const float *slope, const double *pos, double step,
+                       const float *const *m, float *s, int64_t rs, int64_t js);
 /* dropout_row of the x86 tables (dropout_<isa>.c): 8 (AVX2) or 16 (AVX-512) Philox counters,
  * 32 or 64 keys, a step. */
 void sdpa__dropout_row_avx2(const uint32_t key[2], int64_t b, int64_t h, int64_t i, int64_t j0,

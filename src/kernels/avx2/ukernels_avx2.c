@@ -750,6 +750,7 @@ const sdpa__ukernels sdpa__uk_avx2 = {
     .exp_lse_rows = exp_lse_rows_avx2,
     .ds = ds_avx2,
     .softcap = softcap_avx2,
+    .bias = sdpa__bias_avx2,
     .pv = pv_avx2,
     .pv_t = pv_t_avx2,
     .pv_careful = pv_careful_avx2,

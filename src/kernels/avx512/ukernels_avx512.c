@@ -780,6 +780,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .exp_lse_rows = exp_lse_rows_avx512,
     .ds = ds_avx512,
     .softcap = softcap_avx512,
+    .bias = sdpa__bias_avx512,
     .pv = pv_avx512,
     .pv_t = pv_t_avx512,
     .pv_careful = pv_careful_avx512,

@@ -423,6 +423,20 @@ void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale,
     }
 }
 
+/* bias (ukernels.h), a score at a time. */
+static void bias_generic(int64_t nr, int64_t nk, const float *slope, const double *pos, double step,
+                         const float *const *m, float *s, int64_t rs, int64_t js) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t j = 0; j < nk; j++) {
+            float x = s[r * rs + j * js];
+            if (slope != NULL)
+                x = x - slope[r] * (float)fabs(pos[r] + step * (double)j);
+            if (m != NULL)
+                x = m[r][j] == -INFINITY ? -INFINITY : x + m[r][j];
+            s[r * rs + j * js] = x;
+        }
+}
+
 /* softcap (ukernels.h) by libm's tanhf. */
 static void softcap_generic(int64_t n, float *x, float cap, float *dsdx) {
     for (int64_t i = 0; i < n; i++) {
@@ -444,6 +458,7 @@ const sdpa__ukernels sdpa__uk_generic = {
     .exp_lse_rows = exp_lse_rows_generic,
     .ds = ds_generic,
     .softcap = softcap_generic,
+    .bias = bias_generic,
     .pv = pv_fast_generic,
     .pv_careful = pv_careful_generic,
     .load_row = sdpa__load_row_generic,
