@@ -430,6 +430,13 @@ static void next_tile(const task_rows *t, int lanes, key_slice *sl) {
     sl->js = sl->ja;
 }
 
+/* A row's LSE from its softmax's running max m and sum l, which the table gives times
+ * 2^weight_exp2 (ukernels.h): m + log l, summed in double (one rounding, not three); -inf for
+ * a row that saw nothing. */
+static double row_lse(const sdpa__ukernels *uk, float m, float l) {
+    return l == 0.0f ? -INFINITY : (double)m + log(ldexp((double)l, -uk->weight_exp2));
+}
+
 /* Moves to the next slice that some row sees. @return 0 when there is none. */
 static int slices_next(const flash_plan *pl, const task_rows *t, key_slice *sl) {
     const sdpa__problem *p = t->p;
@@ -625,18 +632,24 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         if (pl->n_chunks > 1) {
             const int64_t at = ((bh * pl->n_qb + qb) * pl->rp + r) * pl->n_chunks + chunk;
             uk->store_row(SDPA__ELEM_F32, p->Dv, o + r * pl->dvp, inv, pl->part_o + at * p->Dv, 1);
-            pl->part_lse[at] = l[r] == 0.0f ? -INFINITY : (double)m[r] + log((double)l[r]);
+            pl->part_lse[at] = row_lse(uk, m[r], l[r]);
             continue;
         }
-        double row_lse = l[r] == 0.0f ? -INFINITY : (double)m[r] + log((double)l[r]);
+        double row_lse_r = row_lse(uk, m[r], l[r]);
         if (p->sinks != NULL) {
-            const double f = sdpa__add_sink((double)p->sinks[h], &row_lse);
-            inv = l[r] == 0.0f ? 0.0f : (float)(f / (double)l[r]);
+            /* f / l falls far below f32's normal range for a sink far above the scores, and
+             * further with l scaled: the accumulator is brought back to its unscaled values
+             * first (exactly: a power of two), and divided by the unscaled l */
+            const double f = sdpa__add_sink((double)p->sinks[h], &row_lse_r);
+            const float down = ldexpf(1.0f, -uk->weight_exp2);
+            for (int64_t c = 0; c < p->Dv; c++)
+                o[r * pl->dvp + c] *= down;
+            inv = l[r] == 0.0f ? 0.0f : (float)(f / (double)(l[r] * down));
         }
         uk->store_row((int)out->dtype, p->Dv, o + r * pl->dvp, inv,
                       (void *)sdpa__row_at(out, b, h, i), out->stride[3]);
         if (pl->lse != NULL)
-            ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] = (float)row_lse;
+            ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] = (float)row_lse_r;
     }
 }
 
@@ -721,12 +734,13 @@ static void weights_task(void *arg, int64_t task, int worker) {
                     tr.alpha + sl.r0);
     }
 
-    // each row's factor 1 / l (alpha)
+    // each row's factor 1 / l (alpha), l unscaled (exp_lse's weights are not scaled)
     for (int64_t r = 0; r < t.rows; r++) {
-        float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-        if (p->sinks != NULL && l[r] != 0.0f) {
-            double row_lse = (double)m[r] + log((double)l[r]);
-            inv = (float)(sdpa__add_sink((double)p->sinks[tr.h[r]], &row_lse) / (double)l[r]);
+        const float l_r = ldexpf(l[r], -uk->weight_exp2);
+        float inv = l_r == 0.0f ? 0.0f : 1.0f / l_r;
+        if (p->sinks != NULL && l_r != 0.0f) {
+            double lse = row_lse(uk, m[r], l[r]);
+            inv = (float)(sdpa__add_sink((double)p->sinks[tr.h[r]], &lse) / (double)l_r);
         }
         tr.alpha[r] = inv;
         tr.written[r] = 0;

@@ -30,6 +30,11 @@ enum sdpa__elem { SDPA__ELEM_F32 = 0, SDPA__ELEM_F16 = 1, SDPA__ELEM_BF16 = 2 };
 typedef struct sdpa__ukernels {
     const char *name;
     int lanes; /* query rows per vector; nr arguments below are multiples of it */
+    /* softmax and softmax_few give their weights, and so their sums l, times 2^weight_exp2 (0
+     * or more): a table whose exp would otherwise make subnormal weights scales them into the
+     * normal range. Exact (a power of two), so O = acc / l is what it is unscaled; the
+     * drivers take l * 2^-weight_exp2 for the LSE. */
+    int weight_exp2;
     /* qt[d*ldq + r] = rows[r][d] for r < nr, d < dk, and 0 for nr <= r < round_up(nr, lanes):
      * the query rows of a task, transposed so that rows run along the vector lanes */
     void (*pack_q)(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);
@@ -63,9 +68,9 @@ typedef struct sdpa__ukernels {
     void (*pv_few)(int elem, int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                    const float *alpha, const void *v, int64_t ldv, const void *v_next, float *o,
                    int64_t ldo);
-    /* The online-softmax step for nk keys, for every row r < nr:
+    /* The online-softmax step for nk keys, for every row r < nr (E = 2^weight_exp2):
      *   m' = max(m[r], max_j s[j][r]);  u = (m' == -inf ? 0 : m')
-     *   alpha[r] = exp(m[r] - u);  s[j][r] = (s == -inf ? -0.0f : exp(s - u))
+     *   alpha[r] = exp(m[r] - u);  s[j][r] = (s == -inf ? -0.0f : exp(s - u) * E)
      *   l[r] = l[r] * alpha[r] + sum_j s[j][r];  m[r] = m'
      * -0.0 marks hidden keys (exp never returns it), so that a careful P.V can skip them.
      * @return nonzero if any score was -inf (some key is hidden from some row). */

@@ -11,7 +11,8 @@
  * its degree-7 Taylor polynomial (truncation < 5e-9 relative) and 2^n applied with vscalefps,
  * which also produces subnormals; below -104 the result is +0, the f32 value. Measured against
  * double-precision exp on [-87, 0], the relative error is within 2 ulp, and on [-104, -87]
- * within one subnormal step (tests/test_flash.c checks both). Lanes whose result is known
+ * within 2 ulp of the softmax's weights (scaled by 2^WEIGHT_EXP2) and within one subnormal
+ * step of exp_lse's (tests/test_entries.c checks the softmax's). Lanes whose result is known
  * beforehand (a hidden key's -inf score, x below -104) are not put through it: see exp512.
  */
 #include "../ukernels.h"
@@ -30,15 +31,27 @@
  * end of K never faults. */
 enum { FEW_PREFETCH_KEYS = 16, FEW_NEAR_KEYS = 4 };
 
-/* exp(x) in the lanes outside `hide`, v in those. Where x < -104 the result is +0, the f32
+/* The softmax's weights, and so its sums l, come scaled by 2^WEIGHT_EXP2 (ukernels.h,
+ * weight_exp2): a weight down to e^-104 (2^-150) is then a normal float, where unscaled it
+ * was a subnormal, and on an Intel Xeon (model 207) each vscalefps that makes one, and each
+ * P V product that reads one, takes a microcode assist: with ALiBi (slopes up to 2^-0.5, so
+ * many keys 87..104 below their row's best) a forward at H=16 L=512 ran at half the speed of
+ * one without. Scaling by a power of two changes no other bit: every product and sum that
+ * involves the weights is scaled exactly, and O = acc / l divides it out. Weights stay below
+ * 2^25, so that acc overflows only where |V| passes about 1e31 (such rows the driver
+ * computes again, in double, as any overflowed row). */
+enum { WEIGHT_EXP2 = 25 };
+
+/* exp(x) * 2^e2 in the lanes outside `hide`, v in those. Where x < -104 the result is +0, the f32
  * value of exp(x) (below 2^-150, half the least subnormal), without the polynomial: through
  * it, vscalefps would round a subnormal result, and on an Intel Xeon (model 207) every such
  * result costs a microcode assist. Hidden keys' scores (-inf) made the softmax of a causal
  * slice cost twice an unmasked one's, and a finite mask value of -1e9 (as some frameworks
  * use) made a whole forward 15 times slower. (A constant 2^-149 there instead, positive as
  * the reference's weight is, made the P V products subnormal: 30 times slower again. A +0
- * weight against an Inf in V gives NaN; the driver has such rows computed again.) */
-INLINE __m512 exp512(__m512 x, __mmask16 hide, __m512 v) {
+ * weight against an Inf in V gives NaN; the driver has such rows computed again.) With
+ * e2 = WEIGHT_EXP2 no result in [-104, -87] is subnormal either. */
+INLINE __m512 exp512(__m512 x, __mmask16 hide, __m512 v, int e2) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ);
     x = _mm512_maskz_mov_ps((__mmask16)~under, x); /* NaN x stays NaN */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -53,7 +66,8 @@ INLINE __m512 exp512(__m512 x, __mmask16 hide, __m512 v) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_mask_blend_ps(hide, _mm512_maskz_scalef_ps((__mmask16)~under, p, n), v);
+    const __m512 n2 = e2 != 0 ? _mm512_add_ps(n, _mm512_set1_ps((float)e2)) : n;
+    return _mm512_mask_blend_ps(hide, _mm512_maskz_scalef_ps((__mmask16)~under, p, n2), v);
 }
 
 /* 16 consecutive elements of type elem (a compile-time constant where this is inlined) at
@@ -425,13 +439,13 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
         /* alpha = 0 where the row has seen nothing yet (m = -inf): its l and o are 0 */
         const __m512 a =
             exp512(_mm512_sub_ps(m_old, u), _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ),
-                   _mm512_setzero_ps());
+                   _mm512_setzero_ps(), 0);
         __m512 sum = _mm512_setzero_ps();
         for (j = 0; j < nk; j++) {
             const __m512 x = _mm512_loadu_ps(s + j * lds + r);
             const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
             hidden |= inf;
-            const __m512 p = exp512(_mm512_sub_ps(x, u), inf, neg_zero);
+            const __m512 p = exp512(_mm512_sub_ps(x, u), inf, neg_zero, WEIGHT_EXP2);
             _mm512_storeu_ps(s + j * lds + r, p);
             sum = _mm512_add_ps(sum, p);
         }
@@ -491,7 +505,7 @@ static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, flo
      * not computed) */
     const __m512 d = _mm512_castps128_ps512(_mm_sub_ps(m_old, u));
     const __mmask16 none = _mm512_cmp_ps_mask(d, neg_inf, _CMP_EQ_OQ) | (__mmask16) ~(rows & 0xf);
-    const __m128 a = _mm512_castps512_ps128(exp512(d, none, _mm512_setzero_ps()));
+    const __m128 a = _mm512_castps512_ps128(exp512(d, none, _mm512_setzero_ps(), 0));
     __mmask16 hidden = 0;
     __m512 sum = _mm512_setzero_ps();
     for (j = 0; j + 4 <= nk; j += 4) {
@@ -499,7 +513,8 @@ static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, flo
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ) & rows;
         hidden |= inf;
         /* (the lanes from nr on are not computed: -0.0, and never stored) */
-        const __m512 p = exp512(_mm512_sub_ps(x, u4), inf | (__mmask16)~rows, neg_zero);
+        const __m512 p =
+            exp512(_mm512_sub_ps(x, u4), inf | (__mmask16)~rows, neg_zero, WEIGHT_EXP2);
         four_keys_store(s + j * lds, lds, keep, p);
         sum = _mm512_add_ps(sum, p);
     }
@@ -509,7 +524,7 @@ static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, flo
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ) & rows & 0xf;
         hidden |= inf;
         const __m128 p = _mm512_castps512_ps128(
-            exp512(_mm512_sub_ps(x, u4), inf | (__mmask16) ~(rows & 0xf), neg_zero));
+            exp512(_mm512_sub_ps(x, u4), inf | (__mmask16) ~(rows & 0xf), neg_zero, WEIGHT_EXP2));
         _mm_mask_storeu_ps(s + j * lds, keep, p);
         sum_t = _mm_add_ps(sum_t, p);
     }
@@ -528,7 +543,7 @@ INLINE void exp_lse_vectors(int n, int one, float *s, const float *u, __mmask16 
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
         *hidden |= inf;
         const __m512 ui = one ? _mm512_set1_ps(*u) : _mm512_loadu_ps(u + 16 * i);
-        _mm512_storeu_ps(s + 16 * i, exp512(_mm512_sub_ps(x, ui), inf, neg_zero));
+        _mm512_storeu_ps(s + 16 * i, exp512(_mm512_sub_ps(x, ui), inf, neg_zero, 0));
     }
 }
 
@@ -578,7 +593,7 @@ INLINE __m512 tanh512(__m512 y) {
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.13332557678222656f));
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(-0.33333316445350647f));
     const __m512 small = _mm512_fmadd_ps(q, _mm512_mul_ps(a, z), a);
-    const __m512 e = exp512(_mm512_min_ps(_mm512_set1_ps(40.0f), _mm512_add_ps(a, a)), 0, one);
+    const __m512 e = exp512(_mm512_min_ps(_mm512_set1_ps(40.0f), _mm512_add_ps(a, a)), 0, one, 0);
     const __m512 big =
         _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
     const __m512 t =
@@ -769,6 +784,7 @@ static void pv_few_avx512(int elem, int64_t nk, int64_t nr, int64_t dv, const fl
 const sdpa__ukernels sdpa__uk_avx512 = {
     .name = "avx512",
     .lanes = 16,
+    .weight_exp2 = WEIGHT_EXP2,
     .pack_q = pack_q_avx512,
     .qk = qk_avx512,
     .qk_few = qk_few_avx512,
