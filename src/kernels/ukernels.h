@@ -84,8 +84,9 @@ typedef struct sdpa__ukernels {
     /* The backward's weights, recomputed from the forward's log-sum-exp u (one per row): for
      * every j < nk and r < nr,
      *   s[j*lds + r] = (s == -inf ? -0.0f : exp(s - u[r]))
-     * with softmax's exp (its accuracy; a NaN stays NaN; never -0.0 itself), so that -0.0
-     * marks hidden keys as there. @return nonzero if any score was -inf. */
+     * with softmax's exp (its accuracy down to e^-87, unscaled; below, the table's floor: e^-87
+     * or +0, never a subnormal; a NaN stays NaN; never -0.0 itself), so that -0.0 marks hidden
+     * keys as there. @return nonzero if any score was -inf. */
     int (*exp_lse)(int64_t nk, int64_t nr, float *s, int64_t lds, const float *u);
     /* exp_lse for a row-major tile, one subtrahend per row: for every r < nr and j < nk (nk a
      * multiple of lanes),

@@ -42,6 +42,18 @@ enum { FEW_PREFETCH_KEYS = 16, FEW_NEAR_KEYS = 4 };
  * computes again, in double, as any overflowed row). */
 enum { WEIGHT_EXP2 = 25 };
 
+/* Below these, exp512 gives +0 without the polynomial: -104 (exp is then below 2^-150, and +0
+ * is its f32 value) for the softmax, whose weights the scaling keeps normal above it; -87 for
+ * exp_lse, the backward's weights, unscaled (the gradients' accumulators would overflow
+ * where |dO| passes about 1e31 with them scaled), whose subnormals (exp_lse's weights of keys
+ * scored 87..104 below the LSE, which ALiBi's slopes make common) made each P dO, dS and dS K
+ * product that read one take a microcode assist: an ALiBi backward at H=16 L=512 ran 3.4
+ * times as long as one without. A weight below e^-87 is at most 1.7e-38, and its product's
+ * absolute error at most that times |dO| or |dP - Delta|, as the generic and AVX2 tables'
+ * floor of e^-87 gives. */
+#define EXP_LO (-104.0f)
+#define EXP_LSE_LO (-87.0f)
+
 /* exp(x) * 2^e2 in the lanes outside `hide`, v in those. Where x < -104 the result is +0, the f32
  * value of exp(x) (below 2^-150, half the least subnormal), without the polynomial: through
  * it, vscalefps would round a subnormal result, and on an Intel Xeon (model 207) every such
@@ -51,8 +63,8 @@ enum { WEIGHT_EXP2 = 25 };
  * the reference's weight is, made the P V products subnormal: 30 times slower again. A +0
  * weight against an Inf in V gives NaN; the driver has such rows computed again.) With
  * e2 = WEIGHT_EXP2 no result in [-104, -87] is subnormal either. */
-INLINE __m512 exp512(__m512 x, __mmask16 hide, __m512 v, int e2) {
-    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ);
+INLINE __m512 exp512(__m512 x, __mmask16 hide, __m512 v, int e2, float lo) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_LT_OQ);
     x = _mm512_maskz_mov_ps((__mmask16)~under, x); /* NaN x stays NaN */
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -439,13 +451,13 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
         /* alpha = 0 where the row has seen nothing yet (m = -inf): its l and o are 0 */
         const __m512 a =
             exp512(_mm512_sub_ps(m_old, u), _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ),
-                   _mm512_setzero_ps(), 0);
+                   _mm512_setzero_ps(), 0, EXP_LO);
         __m512 sum = _mm512_setzero_ps();
         for (j = 0; j < nk; j++) {
             const __m512 x = _mm512_loadu_ps(s + j * lds + r);
             const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
             hidden |= inf;
-            const __m512 p = exp512(_mm512_sub_ps(x, u), inf, neg_zero, WEIGHT_EXP2);
+            const __m512 p = exp512(_mm512_sub_ps(x, u), inf, neg_zero, WEIGHT_EXP2, EXP_LO);
             _mm512_storeu_ps(s + j * lds + r, p);
             sum = _mm512_add_ps(sum, p);
         }
@@ -505,7 +517,7 @@ static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, flo
      * not computed) */
     const __m512 d = _mm512_castps128_ps512(_mm_sub_ps(m_old, u));
     const __mmask16 none = _mm512_cmp_ps_mask(d, neg_inf, _CMP_EQ_OQ) | (__mmask16) ~(rows & 0xf);
-    const __m128 a = _mm512_castps512_ps128(exp512(d, none, _mm512_setzero_ps(), 0));
+    const __m128 a = _mm512_castps512_ps128(exp512(d, none, _mm512_setzero_ps(), 0, EXP_LO));
     __mmask16 hidden = 0;
     __m512 sum = _mm512_setzero_ps();
     for (j = 0; j + 4 <= nk; j += 4) {
@@ -514,7 +526,7 @@ static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, flo
         hidden |= inf;
         /* (the lanes from nr on are not computed: -0.0, and never stored) */
         const __m512 p =
-            exp512(_mm512_sub_ps(x, u4), inf | (__mmask16)~rows, neg_zero, WEIGHT_EXP2);
+            exp512(_mm512_sub_ps(x, u4), inf | (__mmask16)~rows, neg_zero, WEIGHT_EXP2, EXP_LO);
         four_keys_store(s + j * lds, lds, keep, p);
         sum = _mm512_add_ps(sum, p);
     }
@@ -523,8 +535,8 @@ static int softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, flo
         const __m512 x = _mm512_castps128_ps512(_mm_loadu_ps(s + j * lds));
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ) & rows & 0xf;
         hidden |= inf;
-        const __m128 p = _mm512_castps512_ps128(
-            exp512(_mm512_sub_ps(x, u4), inf | (__mmask16) ~(rows & 0xf), neg_zero, WEIGHT_EXP2));
+        const __m128 p = _mm512_castps512_ps128(exp512(
+            _mm512_sub_ps(x, u4), inf | (__mmask16) ~(rows & 0xf), neg_zero, WEIGHT_EXP2, EXP_LO));
         _mm_mask_storeu_ps(s + j * lds, keep, p);
         sum_t = _mm_add_ps(sum_t, p);
     }
@@ -543,7 +555,7 @@ INLINE void exp_lse_vectors(int n, int one, float *s, const float *u, __mmask16 
         const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
         *hidden |= inf;
         const __m512 ui = one ? _mm512_set1_ps(*u) : _mm512_loadu_ps(u + 16 * i);
-        _mm512_storeu_ps(s + 16 * i, exp512(_mm512_sub_ps(x, ui), inf, neg_zero, 0));
+        _mm512_storeu_ps(s + 16 * i, exp512(_mm512_sub_ps(x, ui), inf, neg_zero, 0, EXP_LSE_LO));
     }
 }
 
@@ -593,7 +605,8 @@ INLINE __m512 tanh512(__m512 y) {
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(0.13332557678222656f));
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(-0.33333316445350647f));
     const __m512 small = _mm512_fmadd_ps(q, _mm512_mul_ps(a, z), a);
-    const __m512 e = exp512(_mm512_min_ps(_mm512_set1_ps(40.0f), _mm512_add_ps(a, a)), 0, one, 0);
+    const __m512 e =
+        exp512(_mm512_min_ps(_mm512_set1_ps(40.0f), _mm512_add_ps(a, a)), 0, one, 0, EXP_LO);
     const __m512 big =
         _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
     const __m512 t =
