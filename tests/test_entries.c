@@ -386,7 +386,7 @@ static float draw_value(tu_rng *rng, double scale, const float *special, int n_s
     return (float)(scale * tu_randn(rng));
 }
 
-enum { BIAS_MAXR = 37, BIAS_MAXK = 70, BIAS_PAD = 3, BIAS_LDM = BIAS_MAXK + 5 };
+enum { BIAS_MAXR = 37, BIAS_MAXK = 70, BIAS_PAD = 3 };
 enum { BIAS_CAP = (BIAS_MAXR + BIAS_PAD) * (BIAS_MAXK + BIAS_PAD) + 64 };
 static const uint32_t bias_canary = 0x7fa5a5a5u; /* a NaN no operation produces */
 
@@ -397,19 +397,24 @@ static int bias_case(const sdpa__ukernels *uk, int what, int layout, int64_t nr,
                      double step, tu_rng *rng) {
     static const float special_s[] = {INFINITY, -INFINITY, NAN, -0.0f, 0.0f, 3e38f};
     static const float special_m[] = {-INFINITY, -INFINITY, -0.0f, INFINITY, NAN, -FLT_MAX};
-    static float s[BIAS_CAP], want[BIAS_CAP], mbuf[BIAS_MAXR * BIAS_LDM];
+    static float s[BIAS_CAP], want[BIAS_CAP];
     const int64_t rs = layout ? nk + BIAS_PAD : 1, js = layout ? 1 : nr + BIAS_PAD;
-    float slope[BIAS_MAXR], canary;
-    double pos[BIAS_MAXR];
+    float canary;
+    /* the rows' inputs in buffers of exactly their size, so that the sanitizer build sees an
+     * entry read past them (every row's mask values on their own, the slopes, the positions) */
+    float *slope = malloc((size_t)(nr > 0 ? nr : 1) * sizeof *slope);
+    double *pos = malloc((size_t)(nr > 0 ? nr : 1) * sizeof *pos);
+    float *mrow[BIAS_MAXR];
     const float *m[BIAS_MAXR];
     memcpy(&canary, &bias_canary, sizeof canary);
     for (int64_t r = 0; r < nr; r++) {
         slope[r] = (float)(0.5 * tu_uniform(rng));
         const double span = r % 5 == 0 ? 0x1p26 : 4096.0; /* some distances round */
         pos[r] = floor(span * (2.0 * tu_uniform(rng) - 1.0));
-        m[r] = mbuf + r * BIAS_LDM + r % 5;
+        mrow[r] = malloc((size_t)(nk > 0 ? nk : 1) * sizeof *mrow[r]);
+        m[r] = mrow[r];
         for (int64_t j = 0; j < nk; j++)
-            mbuf[r * BIAS_LDM + r % 5 + j] = draw_value(rng, 4.0, special_m, 6);
+            mrow[r][j] = draw_value(rng, 4.0, special_m, 6);
     }
     for (int e = 0; e < BIAS_CAP; e++)
         s[e] = canary;
@@ -423,6 +428,10 @@ static int bias_case(const sdpa__ukernels *uk, int what, int layout, int64_t nr,
         for (int64_t j = 0; j < nk; j++)
             want[r * rs + j * js] = bias_one(want[r * rs + j * js], sl, pos, step, mk, r, j);
     uk->bias(nr, nk, sl, pos, step, mk, s, rs, js);
+    for (int64_t r = 0; r < nr; r++)
+        free(mrow[r]);
+    free(slope);
+    free(pos);
     for (int e = 0; e < BIAS_CAP; e++) {
         const int outside = memcmp(&want[e], &canary, sizeof canary) == 0;
         if (outside ? memcmp(&s[e], &canary, sizeof canary) == 0 : same_float(s[e], want[e]))
