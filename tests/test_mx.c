@@ -305,7 +305,9 @@ static void test_mx_special_values(void) {
                 tu_set(&m.v.t, 0, 0, 100, 7, NAN);
                 break;
             default: /* scale 1, q = e0: key 0 scores 0, key 1 -88 (weight 2^-127) with V =
-                      * 3e38, a term of 1.8 in outputs of 2.8; the other keys hidden */
+                      * 3e38, a term of 1.8 in outputs of 2.8; the other keys hidden (the
+                      * softmax's weights come scaled by 2^25, so this one reaches the unit
+                      * as a normal bf16, rounded as every weight is) */
                 m.p.scale = 1.0f;
                 m.p.mask = NULL;
                 for (int64_t h = 0; h < c.Hq; h++)

@@ -493,7 +493,9 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
          * conversion reads as 0, still counts where V is large (2^-126 x 3e38 = 4): its
          * products are added in f32 (with V's special values, which the loop below adds for
          * every weight, to no effect: NaN stays NaN, Inf stays Inf, and a subnormal times
-         * such a weight is 0) */
+         * such a weight is 0). The AVX-512 softmax, whose weights this table takes, scales
+         * them by 2^25 (weight_exp2), so that none of its weights is below 2^-126: this is for
+         * a softmax that would not. */
         for (int64_t j = 0; tiny != 0 && j < nk; j++) {
             if (!((tiny >> j) & 1))
                 continue;

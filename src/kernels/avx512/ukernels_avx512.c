@@ -36,10 +36,12 @@ enum { FEW_PREFETCH_KEYS = 16, FEW_NEAR_KEYS = 4 };
  * was a subnormal, and on an Intel Xeon (model 207) each vscalefps that makes one, and each
  * P V product that reads one, takes a microcode assist: with ALiBi (slopes up to 2^-0.5, so
  * many keys 87..104 below their row's best) a forward at H=16 L=512 ran at half the speed of
- * one without. Scaling by a power of two changes no other bit: every product and sum that
- * involves the weights is scaled exactly, and O = acc / l divides it out. Weights stay below
- * 2^25, so that acc overflows only where |V| passes about 1e31 (such rows the driver
- * computes again, in double, as any overflowed row). */
+ * one without. Scaling by a power of two changes no other bit where nothing was subnormal
+ * (a weight, or a product with a V near 1e-36): every product and sum that involves the
+ * weights is scaled exactly, and O = acc / l divides it out. Weights stay below 2^25, so that
+ * acc overflows only where |V| passes about 1e31 (such rows the driver computes again, in
+ * double and one at a time, as any overflowed row: a forward at L = 1024 with |V| near 1e33
+ * then takes 0.4 s instead of 5 ms). */
 enum { WEIGHT_EXP2 = 25 };
 
 /* Below these, exp512 gives +0 without the polynomial: -104 (exp is then below 2^-150, and +0
