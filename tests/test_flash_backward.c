@@ -521,6 +521,20 @@ static void test_exp_lse(void) {
             }
         printf("    %-8s exp_lse: worst %.2f ulp\n", uk->name, worst);
         CHECK_MSG(worst <= 2.0, "%s exp_lse error %.2f ulp", uk->name, worst);
+        /* below e^-87 the table's floor (ukernels.h): e^-87 or +0, never a subnormal (each one
+         * a microcode assist in the products that read it) and never -0.0 */
+        static const float deep[] = {-87.5f, -90.0f, -95.0f, -100.0f, -104.5f, -200.0f, -1e9f};
+        enum { NDEEP = sizeof deep / sizeof deep[0] };
+        for (int r = 0; r < N; r++) {
+            u[r] = 2.0f;
+            s[r] = 2.0f + deep[r % NDEEP];
+        }
+        CHECK(uk->exp_lse(1, N, s, N, u) == 0);
+        int sub = 0;
+        for (int r = 0; r < N; r++)
+            sub += signbit(s[r]) || !(s[r] == 0.0f || (s[r] >= 0x1p-126f && s[r] <= 1.7e-38f));
+        CHECK_MSG(sub == 0, "%s exp_lse: %d weights below e^-87 subnormal or out of the floor",
+                  uk->name, sub);
         /* one key across the lanes: -inf hidden, NaN stays NaN, a NaN LSE makes NaN */
         for (int r = 0; r < N; r++) {
             s[r] = r % 3 == 0 ? -INFINITY : r % 3 == 1 ? NAN : 0.5f;
