@@ -52,10 +52,19 @@ enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
  * and V (looks them over for values the unit does not read as they are, packs V's pairs), so
  * that work is shared by more rows; its arithmetic per key is a few tile instructions. */
 enum { MX_TARGET_ROWS = 256 };
+/* The keys of a tile whose slices a matrix unit takes: P V's sums over a slice's keys are
+ * added to the task's accumulator O (rows x Dv f32, out of L1) once a slice, so O's traffic
+ * per key halves with every doubling of the slice, while V's pairs, which P V packs for the
+ * slice and reads again for every 16 rows, grow with it. MX_KEY_TILE keys where those pairs
+ * take at most MX_PAIRS_BYTES (a third of a 48 KiB L1), else KEY_TILE. On an Intel Xeon with
+ * AMX (bench/mx_kernels.c, 1 thread, D = 128, 1024 keys) 128 keys took P V from 21.7 to 15.7
+ * TSC cycles per key and 16 rows, but on runs where the machine was busy from 28 to 34; in
+ * sdpa bench with 2 threads 128 keys gained 15-20 % at D = 64 and nothing at D = 128. */
+enum { MX_KEY_TILE = 128, MX_PAIRS_BYTES = 16 << 10 };
 
 /* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
  * decode step: B x Hkv tasks of one or a few rows -- cannot keep many workers busy, so each
- * task's keys are cut into chunks of at least SPLIT_MIN_KEYS keys (a multiple of KEY_TILE),
+ * task's keys are cut into chunks of at least SPLIT_MIN_KEYS keys (a multiple of the key tile),
  * until there are about SPLIT_TASKS tasks or the partial results would pass SPLIT_MAX_BYTES.
  * Each chunk's task leaves a partial (O, LSE) and a second pass merges them in chunk order
  * (merge.h). The cut depends on the problem only, never on the number of threads. */
@@ -84,7 +93,8 @@ typedef struct flash_plan {
     int64_t bq;             /* query positions per task */
     int64_t n_qb;           /* query blocks per (b, hk) */
     int64_t n_chunks;       /* key chunks per (b, hk, query block): 1 = no split */
-    int64_t chunk;          /* keys per chunk (a multiple of KEY_TILE) when n_chunks > 1 */
+    int64_t key_tile;       /* keys per tile: KEY_TILE, or MX_KEY_TILE for the matrix unit */
+    int64_t chunk;          /* keys per chunk (a multiple of key_tile) when n_chunks > 1 */
     float *part_o;          /* split: [block][row][chunk][Dv], each chunk's normalised O */
     double *part_lse;       /* split: [block][row][chunk], each chunk's LSE (-inf: no key) */
     int64_t rp;             /* padded row capacity: group * bq rounded up to lanes */
@@ -166,7 +176,7 @@ static void prefetch_rows(const sdpa__problem *p, const sdpa_tensor *t, int64_t 
 /* One worker's scratch: the task's tiles and its row table. */
 typedef struct task_scratch {
     float *qt;        /* Q transposed: Dk x rp */
-    float *s;         /* scores, transposed: KEY_TILE x rp */
+    float *s;         /* scores, transposed: key_tile x rp */
     float *sraw;      /* weights_task: a copy of the scores before exp_lse, like s */
     int64_t *written; /* weights_task: row r's weights [0, written[r]) are written */
     float *o;         /* the output accumulator: rp x dvp */
@@ -200,8 +210,8 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     const size_t f = sizeof(float), rp = (size_t)pl->rp;
     size_t at = 0;
     ts->qt = take(base, &at, (size_t)p->Dk * rp * f);
-    ts->s = take(base, &at, KEY_TILE * rp * f);
-    ts->sraw = take(base, &at, pl->weights != NULL ? KEY_TILE * rp * f : 0);
+    ts->s = take(base, &at, (size_t)pl->key_tile * rp * f);
+    ts->sraw = take(base, &at, pl->weights != NULL ? (size_t)pl->key_tile * rp * f : 0);
     ts->written = take(base, &at, pl->weights != NULL ? rp * sizeof(int64_t) : 0);
     ts->o = take(base, &at, rp * (size_t)pl->dvp * f);
     ts->m = take(base, &at, rp * f);
@@ -213,8 +223,8 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
      * this one's, and on two vCPUs that share a core's caches, dropping these 32 KiB (at
      * Dk = Dv = 64) made causal L = 512 about 5 % slower with 2 threads. Choosing that
      * stagger on purpose is tuning work (issue 9); until then the layout stays as tuned. */
-    ts->kpack = take(base, &at, KEY_TILE * (size_t)p->Dk * f);
-    ts->vpack = take(base, &at, KEY_TILE * (size_t)p->Dv * f);
+    ts->kpack = take(base, &at, (size_t)pl->key_tile * (size_t)p->Dk * f);
+    ts->vpack = take(base, &at, (size_t)pl->key_tile * (size_t)p->Dv * f);
     ts->h = take(base, &at, rp * sizeof(int64_t));
     ts->i = take(base, &at, rp * sizeof(int64_t));
     ts->lo = take(base, &at, rp * sizeof(int64_t));
@@ -274,7 +284,7 @@ static void drop_weights(const flash_plan *pl, int64_t b, const task_scratch *tr
                          int64_t r1, int64_t js, int64_t nk, float *s) {
     enum { DROP_ROWS = 16 };
     float row[KEY_TILE], zt[KEY_TILE * DROP_ROWS];
-    for (int64_t ja = 0; ja < nk; ja += KEY_TILE) { /* one pass: nk <= KEY_TILE */
+    for (int64_t ja = 0; ja < nk; ja += KEY_TILE) { /* one pass but for MX_KEY_TILE's slices */
         const int64_t n = nk - ja < KEY_TILE ? nk - ja : KEY_TILE;
         for (int64_t ra = r0; ra < r1; ra += DROP_ROWS) {
             const int64_t nr = r1 - ra < DROP_ROWS ? r1 - ra : DROP_ROWS;
@@ -359,10 +369,10 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack,
     }
 }
 
-/* The keys a task visits, one slice at a time, tile by tile (KEY_TILE keys, fewer at the ends
- * of the task's keys), each tile in up to two passes over its rows:
+/* The keys a task visits, one slice at a time, tile by tile (the plan's key_tile keys, fewer at
+ * the ends of the task's keys), each tile in up to two passes over its rows:
  * - pass 0: the rows that see every key of the tile, as far as whole groups of lanes hold
- *   them (all rows where the window cuts none), in slices of KEY_TILE keys, with no window to
+ *   them (all rows where the window cuts none), the tile in one slice, with no window to
  *   apply;
  * - pass 1: the others (those the window cuts through, next to the causal diagonal, and
  *   those that pass 0's lanes left out), in slices of KEY_SLICE keys, each computed only for
@@ -374,7 +384,8 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack,
  * crosses a page. */
 typedef struct key_slice {
     int64_t jlo, jhi; /* the keys any row of the task may see, within its chunk */
-    int64_t j0;       /* the tile: keys [ja, jb) of [j0, j0 + KEY_TILE) */
+    int64_t tile;     /* keys per tile (the plan's key_tile) */
+    int64_t j0;       /* the tile: keys [ja, jb) of [j0, j0 + tile) */
     int64_t ja, jb;
     int pass;       /* 0 or 1, as above */
     int64_t wa, wb; /* pass 0's rows, lane-aligned (wb may be the task's rows): empty if equal */
@@ -396,7 +407,8 @@ static void slices_begin(const flash_plan *pl, const task_rows *t, int64_t chunk
     }
     if (sl->jlo >= sl->jhi) /* no key (a window past the keys, another chunk's keys): no tile */
         sl->jlo = sl->jhi = 0;
-    sl->j0 = sl->jlo / KEY_TILE * KEY_TILE - KEY_TILE; /* before the first tile */
+    sl->tile = pl->key_tile;
+    sl->j0 = sl->jlo / sl->tile * sl->tile - sl->tile; /* before the first tile */
     sl->pass = 1; /* (so that the first slices_next moves to the first tile) */
 }
 
@@ -411,9 +423,9 @@ static void slice_rows(const task_rows *t, int lanes, int64_t r0, int64_t r1, ke
 /* Moves to the next tile: its keys and pass 0's rows. */
 static void next_tile(const task_rows *t, int lanes, key_slice *sl) {
     const sdpa__problem *p = t->p;
-    sl->j0 += KEY_TILE;
+    sl->j0 += sl->tile;
     sl->ja = sl->j0 > sl->jlo ? sl->j0 : sl->jlo;
-    sl->jb = sl->j0 + KEY_TILE < sl->jhi ? sl->j0 + KEY_TILE : sl->jhi;
+    sl->jb = sl->j0 + sl->tile < sl->jhi ? sl->j0 + sl->tile : sl->jhi;
     int64_t first, last;
     sdpa__block_queries_whole(p, sl->ja, sl->jb, t->i0, t->i0 + t->nq, &first, &last);
     sl->wa = sl->wb = 0;
@@ -454,12 +466,12 @@ static int slices_next(const flash_plan *pl, const task_rows *t, key_slice *sl) 
                 sl->pass = 1;
                 sl->js = sl->ja;
             } else {
-                if (sl->j0 + KEY_TILE >= sl->jhi)
+                if (sl->j0 + sl->tile >= sl->jhi)
                     return 0;
                 next_tile(t, lanes, sl);
             }
         }
-        const int64_t step = sl->pass == 0 ? KEY_TILE : KEY_SLICE;
+        const int64_t step = sl->pass == 0 ? sl->tile : KEY_SLICE;
         sl->nk = sl->js + step < sl->jb ? step : sl->jb - sl->js;
         if (p->block_table != NULL) /* a slice stays within one page of the cache */
             sl->nk = sl->nk < p->page_size - sl->js % p->page_size
@@ -797,7 +809,7 @@ static void plan_split(flash_plan *pl) {
         n--;
     if (n <= 1)
         return;
-    pl->chunk = sdpa__round_up((p->Lk + n - 1) / n, KEY_TILE);
+    pl->chunk = sdpa__round_up((p->Lk + n - 1) / n, pl->key_tile);
     pl->n_chunks = (p->Lk + pl->chunk - 1) / pl->chunk;
 }
 
@@ -846,7 +858,7 @@ static void plan_wide(flash_plan *pl, int workers) {
 }
 
 int sdpa__flash_mx_fits(const sdpa__mx_kernels *mx, const sdpa__problem *p) {
-    if (mx == NULL || KEY_TILE > mx->keys_max)
+    if (mx == NULL || MX_KEY_TILE > mx->keys_max)
         return 0;
     const int e = mx->elem;
     return (int)p->q.dtype == e && (int)p->k.dtype == e && (int)p->v.dtype == e &&
@@ -859,10 +871,15 @@ static void plan_init(flash_plan *pl, const sdpa__impl *self, const sdpa__proble
     memset(pl, 0, sizeof *pl);
     pl->p = p;
     pl->uk = self->uk;
-    /* (the unit's blocks of rows are the vector table's vectors of rows) */
-    pl->mx =
-        sdpa__flash_mx_fits(self->mx, p) && self->uk->lanes == self->mx->lanes ? self->mx : NULL;
+    /* (the unit's blocks of rows are the vector table's vectors of rows, and its P V may read
+     * a subnormal weight as 0: the softmax must give none) */
+    pl->mx = sdpa__flash_mx_fits(self->mx, p) && self->uk->lanes == self->mx->lanes &&
+                     self->uk->weight_exp2 > 0
+                 ? self->mx
+                 : NULL;
     const int64_t target = pl->mx != NULL ? MX_TARGET_ROWS : TARGET_ROWS;
+    pl->key_tile =
+        pl->mx != NULL && MX_KEY_TILE * p->Dv * 2 <= MX_PAIRS_BYTES ? MX_KEY_TILE : KEY_TILE;
     pl->bq = target / p->group > 1 ? target / p->group : 1;
     if (pl->bq > p->Lq)
         pl->bq = p->Lq;

@@ -187,7 +187,9 @@ typedef struct sdpa__mx_kernels {
     /* pv's o = alpha o + P V (its layouts) with P rounded to elem and V's rows (elem, unit
      * feature stride) read in place, every value as it is; a key whose weight is -0.0 (hidden)
      * changes no bit of o, whatever its V holds (NaN, Inf): pv_careful's guarantee. nk <=
-     * keys_max. */
+     * keys_max. A weight below 2^-126 (an f32 subnormal) may count as 0: the driver takes the
+     * unit only with a vector table whose softmax scales its weights out of that range
+     * (weight_exp2 > 0). */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,
                const void *v, int64_t ldv, float *o, int64_t ldo);
 } sdpa__mx_kernels;

@@ -42,12 +42,12 @@
 #define INLINE static inline __attribute__((always_inline))
 
 enum {
-    TROWS = 16,    /* rows of every tile */
-    TBYTES = 64,   /* bytes of every tile row */
-    D_MAX = 256,   /* the most features (Dk, Dv) the entries take */
-    KEYS_MAX = 64, /* the most keys a call takes */
-    DK_STEP = 32,  /* Dk: a multiple of an A tile's bf16 columns */
-    DV_STEP = 16   /* Dv: a multiple of a C tile's f32 columns */
+    TROWS = 16,     /* rows of every tile */
+    TBYTES = 64,    /* bytes of every tile row */
+    D_MAX = 256,    /* the most features (Dk, Dv) the entries take */
+    KEYS_MAX = 128, /* the most keys a call takes */
+    DK_STEP = 32,   /* Dk: a multiple of an A tile's bf16 columns */
+    DV_STEP = 16    /* Dv: a multiple of a C tile's f32 columns */
 };
 
 #if defined(SDPA_AMX_EMULATE)
@@ -349,13 +349,6 @@ INLINE __m512i bf16_pairs(__m512 p0, __m512 p1) {
 }
 #endif
 
-/* Which lanes of x hold an f32 subnormal (of either sign). */
-INLINE __mmask16 subnormal_lanes(__m512 x) {
-    const __m512i a = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff));
-    return _mm512_cmplt_epu32_mask(_mm512_sub_epi32(a, _mm512_set1_epi32(1)),
-                                   _mm512_set1_epi32(0x007fffff));
-}
-
 /* Transposes the 16 x 16 32-bit matrix x (row i in x[i]). */
 INLINE void transpose16(__m512i x[16]) {
     __m512i a[16], b[16];
@@ -383,8 +376,10 @@ INLINE void transpose16(__m512i x[16]) {
 }
 
 /* o[r * ldo + c] = alpha[r] o[r * ldo + c] + sum_j bf16(p[j * ldp + r]) v[j * ldv + c] for
- * r < nr, c < dv (a multiple of 16), j < nk <= 64, with v bf16 rows read in place: the sum by
- * the unit into zeroed tiles, added to the scaled accumulator by one FMA. A value of
+ * r < nr, c < dv (a multiple of 16), j < nk <= 128, with v bf16 rows read in place: the sum by
+ * the unit into zeroed tiles, added to the scaled accumulator by one FMA. A weight below
+ * 2^-126 (an f32 subnormal) counts as 0, as VCVTNE2PS2BF16 reads it: the vector softmax
+ * scales its weights (weight_exp2) so that it never gives one. A value of
  * V the unit would not read as it is (a subnormal, read as 0; a NaN or an Inf, which a hidden
  * key's weight -0.0 must not meet) goes to the unit as 0, and its products are then added in
  * f32 for the rows that see its key (weight not -0.0; a +0 weight gives 0 x Inf = NaN, as in
@@ -431,7 +426,6 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
     for (int64_t rb = 0; rb < nrb; rb++) {
         const int64_t r0 = rb * TROWS, rn = nr - r0 < TROWS ? nr - r0 : TROWS;
         uint16_t *pt = pts[rb & 1];
-        uint64_t tiny = 0; /* keys with a weight the conversion reads as 0 (in these rows) */
         for (int64_t kc = 0; kc < nk32; kc += 32) {
             __m512i x[16];
             for (int64_t q = 0; q < 16; q++) {
@@ -439,8 +433,6 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
                 const __m512 p0 = j < nk ? _mm512_loadu_ps(p + j * ldp + r0) : _mm512_setzero_ps();
                 const __m512 p1 =
                     j + 1 < nk ? _mm512_loadu_ps(p + (j + 1) * ldp + r0) : _mm512_setzero_ps();
-                tiny |= (uint64_t)(subnormal_lanes(p0) != 0) << j;
-                tiny |= (uint64_t)(subnormal_lanes(p1) != 0) << (j + 1);
                 x[q] = bf16_pairs(p0, p1);
             }
             transpose16(x);
@@ -487,25 +479,6 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
                     _mm512_storeu_ps(orow + 16 * i,
                                      _mm512_fmadd_ps(av, _mm512_loadu_ps(orow + 16 * i),
                                                      _mm512_load_ps(pv16 + r * 64 + 16 * i)));
-            }
-        }
-        /* a weight below 2^-126 (a key scored more than 87 below the row's best), which the
-         * conversion reads as 0, still counts where V is large (2^-126 x 3e38 = 4): its
-         * products are added in f32 (with V's special values, which the loop below adds for
-         * every weight, to no effect: NaN stays NaN, Inf stays Inf, and a subnormal times
-         * such a weight is 0). The AVX-512 softmax, whose weights this table takes, scales
-         * them by 2^25 (weight_exp2), so that none of its weights is below 2^-126: this is for
-         * a softmax that would not. */
-        for (int64_t j = 0; tiny != 0 && j < nk; j++) {
-            if (!((tiny >> j) & 1))
-                continue;
-            for (int64_t r = 0; r < rn; r++) {
-                const float w = p[j * ldp + r0 + r];
-                const uint32_t u = f32_bits(w) & 0x7fffffffu;
-                if (u == 0 || u >= 0x00800000u)
-                    continue;
-                for (int64_t c = 0; c < dv; c++)
-                    o[(r0 + r) * ldo + c] += w * bf16_value(v[j * ldv + c]);
             }
         }
     }
