@@ -233,7 +233,23 @@ static void exact_key_scores(int64_t dk, const uint16_t *krow, const uint32_t *q
     }
 }
 
-/* s[j * lds + r] = scale * sum_d k[j * ldk + d] q[r][d] for j < nk <= 64, r < nr (a multiple
+/* The scores of a block of up to 2 x 2 tiles (cb[t], t = 2 ki + ri: keys 16 ki.., rows
+ * 16 ri.. from c0 = s + j0 lds + r0), scaled into s: scale times the unit's sum, one rounding.
+ * Tiles the block lacks (two_k, two_r 0) are not written. */
+static void scale_block(const float *cb, float *c0, int64_t lds, int two_k, int two_r,
+                        float scale) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int t = 0; t < 4; t++) {
+        const int ki = t >> 1, ri = t & 1;
+        if ((ki && !two_k) || (ri && !two_r))
+            continue;
+        for (int i = 0; i < TROWS; i++)
+            _mm512_storeu_ps(c0 + (ki * TROWS + i) * lds + ri * TROWS,
+                             _mm512_mul_ps(sc, _mm512_load_ps(cb + t * TROWS * TROWS + i * TROWS)));
+    }
+}
+
+/* s[j * lds + r] = scale * sum_d k[j * ldk + d] q[r][d] for j < nk <= 128, r < nr (a multiple
  * of 16), with qt from amx_pack_q (row r0 of the pairs at qt, row stride ldq pairs). Rows of
  * s from nk up to a multiple of 16 are written too (with scores of zero keys). The scores of
  * a key or a row that holds a subnormal are formed again by exact_score, so that every value
@@ -252,6 +268,11 @@ static void amx_qk(int64_t nk, int64_t nr, int64_t dk, const void *k_, int64_t l
             memcpy(tail + j * dk, k + (full * TROWS + j) * ldk, (size_t)dk * sizeof *tail);
     }
     const int64_t qs = ldq * 4;
+    /* A block's sums are stored to an L1 buffer, and scaled into s while the unit works on
+     * the next block (its tile instructions come first): two buffers, taken in turn. */
+    _Alignas(64) float cbuf[2][4 * TROWS * TROWS];
+    float *due = NULL; /* the block still to scale: at due, from cbuf[cur ^ 1] */
+    int due_k = 0, due_r = 0, cur = 0;
     TILES_BEGIN();
     for (int64_t kb = 0; kb < nkb; kb += 2) {
         const int two_k = kb + 1 < nkb;
@@ -280,22 +301,26 @@ static void amx_qk(int64_t nk, int64_t nr, int64_t dk, const void *k_, int64_t l
                         TDP(3, 5, 7);
                 }
             }
-            float *c0 = s + kb * TROWS * lds + rb * TROWS;
-            TSTORE(0, c0, lds * 4);
+            if (due != NULL)
+                scale_block(cbuf[cur ^ 1], due, lds, due_k, due_r, scale);
+            float *cb = cbuf[cur];
+            TSTORE(0, cb, TROWS * 4);
             if (two_r)
-                TSTORE(1, c0 + TROWS, lds * 4);
+                TSTORE(1, cb + TROWS * TROWS, TROWS * 4);
             if (two_k) {
-                TSTORE(2, c0 + TROWS * lds, lds * 4);
+                TSTORE(2, cb + 2 * TROWS * TROWS, TROWS * 4);
                 if (two_r)
-                    TSTORE(3, c0 + TROWS * lds + TROWS, lds * 4);
+                    TSTORE(3, cb + 3 * TROWS * TROWS, TROWS * 4);
             }
+            due = s + kb * TROWS * lds + rb * TROWS;
+            due_k = two_k;
+            due_r = two_r;
+            cur ^= 1;
         }
     }
     TILES_END();
-    const __m512 sc = _mm512_set1_ps(scale);
-    for (int64_t j = 0; j < nk; j++)
-        for (int64_t r = 0; r < nr; r += 16)
-            _mm512_storeu_ps(s + j * lds + r, _mm512_mul_ps(sc, _mm512_loadu_ps(s + j * lds + r)));
+    if (due != NULL)
+        scale_block(cbuf[cur ^ 1], due, lds, due_k, due_r, scale);
     unsigned char flags[KEYS_MAX];
     if (special_rows(nk, dk, k, ldk, flags) & 1)
         for (int64_t j = 0; j < nk; j++)
