@@ -26,6 +26,13 @@ the shape's working set, in the same run) and their ratios, and the FMA-peak che
 unless --peak-spread is given (a decode step does not depend on the FMA units, and on these
 machines their capacity moves far more often than the memory's).
 
+With --best the figures are each run's fastest call (sdpa bench's gflops_best: the shape's
+FLOPs over its shortest call) and, per binary, the best of them over the kept rounds, in
+place of medians: on a machine that another tenant disturbs now and then, the fastest call is
+the one it disturbed least, and when medians move by 15-50 % from round to round the best
+times of interleaved runs still agree within a few percent. The spread column is then that of
+A's best times. (Forward and backward FLOP rates only: not with --bandwidth.)
+
 With --backward both binaries time sdpa_backward (`sdpa bench --backward`): the rates are the
 backward's, and two more columns give each binary's median bwd/fwd (its backward's time over
 its own forward's, timed alternately in the same run).
@@ -73,6 +80,8 @@ def main():
     ap.add_argument("--softcap", help="as sdpa bench --softcap (both binaries must have it)")
     ap.add_argument("--alibi", action="store_true",
                     help="as sdpa bench --alibi (both binaries must have it)")
+    ap.add_argument("--best", action="store_true",
+                    help="compare each binary's fastest call over the rounds, not medians")
     ap.add_argument("--json", help="write every kept run here")
     o = ap.parse_args()
     if o.rounds < 1:
@@ -82,6 +91,8 @@ def main():
             ap.error(f"{binary} is not an executable")
 
     bandwidth = o.bandwidth or (o.preset == "decode" and not o.shape)
+    if o.best and bandwidth:
+        ap.error("--best compares FLOP rates: not with --bandwidth or the decode preset")
     if o.peak_spread is None:
         o.peak_spread = float("inf") if bandwidth else 0.10
     args = ["--threads", str(o.threads)]
@@ -119,14 +130,22 @@ def main():
           f"{first['threads']} threads; A: {o.a} ({first.get('kernel', first['isa'])}); "
           f"B: {o.b} ({kept['b'][0].get('kernel', kept['b'][0]['isa'])})")
     rate, pct = ("gbs", "pct_bandwidth") if bandwidth else ("gflops", "pct_peak")
+    agg = max if o.best else statistics.median
+    if o.best:  # each run's fastest call, and its %peak
+        for runs in kept.values():
+            for j in runs:
+                for x in j["shapes"]:
+                    x["pct_best"] = x["pct_peak"] * x["gflops_best"] / x["gflops"]
+        rate, pct = "gflops_best", "pct_best"
+        print("figures: each binary's fastest call over the kept rounds (--best)")
     rate_name, pct_name = ("GB/s", "%bw") if bandwidth else ("GFLOP/s", "%peak")
     print(f"{'shape':<36} {'A ' + rate_name:>9} {'B ' + rate_name:>9} {'B/A':>6} "
           f"{'A ' + pct_name:>8} {'B ' + pct_name:>8} {'B/A':>6} {'A spread':>9}"
           + (f" {'A bwd/fwd':>9} {'B bwd/fwd':>9}" if o.backward else ""))
     for n, shape in enumerate(first["shapes"]):
         col = {side: [j["shapes"][n] for j in kept[side]] for side in ("a", "b")}
-        ga, gb = (statistics.median(x[rate] for x in col[s]) for s in ("a", "b"))
-        pa, pb = (statistics.median(x[pct] for x in col[s]) for s in ("a", "b"))
+        ga, gb = (agg(x[rate] for x in col[s]) for s in ("a", "b"))
+        pa, pb = (agg(x[pct] for x in col[s]) for s in ("a", "b"))
         spread = [x[rate] for x in col["a"]]
         ratios = ""
         if o.backward:
