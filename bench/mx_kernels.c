@@ -1,13 +1,16 @@
 /*
  * mx_kernels.c -- cycles of the bf16 forward's steps on a matrix unit (flash-amx), each called
- * straight from the tables on 64-key slices of one head small enough to stay in L2: the
- * unit's scores (mx->qk), the vector table's softmax, and P V (mx->pv), for a task of 256
- * rows, as flash.c calls them for one query head of an unmasked problem. What each step costs
+ * straight from the tables on slices of one head small enough to stay in L2: the unit's
+ * scores (mx->qk), the vector table's softmax, and P V (mx->pv), for a task of 256 rows, as
+ * flash.c calls them for one query head of an unmasked problem: slices of 128 keys where D <=
+ * 64, else 64, and the scores' stride 272 rows (MX_KEY_TILE and the padded stride of
+ * flash.c's plan_init), unless the last two arguments say otherwise (64 and 256 are what
+ * flash.c did before 2026-11-28, 13:30 UTC, and all an older library takes). What each step costs
  * alone says what bounds the whole (x86 only: it counts TSC cycles; the TSC rate is
  * /proc/cpuinfo's "cpu MHz" on most Linux guests).
  *
  *     cc -O2 -Iinclude bench/mx_kernels.c build/libsdpa.a -lm -lpthread -o /tmp/mk
- *     /tmp/mk [keys 1024] [reps 200] [D 128]
+ *     /tmp/mk [keys 1024] [reps 200] [D 128] [slice keys] [score stride]
  *
  * On a CPU with AMX it asks Linux for the tile data (as sdpa_ctx_create does); in a
  * -DSDPA_AMX_EMULATE build it times the emulation (the vector steps are the real ones). The
@@ -24,7 +27,7 @@
 #include <string.h>
 #include <x86intrin.h> /* __rdtsc */
 
-enum { ROWS = 256, SLICE = 64 };
+enum { ROWS = 256 };
 
 static uint16_t bf16_of(float x) {
     uint32_t u;
@@ -35,11 +38,15 @@ static uint16_t bf16_of(float x) {
 int main(int argc, char **argv) {
     const long nkeys = argc > 1 ? atol(argv[1]) : 1024, reps = argc > 2 ? atol(argv[2]) : 200;
     const long d = argc > 3 ? atol(argv[3]) : 128;
-    if (nkeys < SLICE || nkeys % SLICE != 0 || reps < 1 || d < 32 || d > 256 || d % 32 != 0) {
+    const long slice = argc > 4 ? atol(argv[4]) : d <= 64 ? 128 : 64;
+    const long lds = argc > 5 ? atol(argv[5]) : ROWS + 16;
+    if (slice < 16 || slice > 128 || slice % 16 != 0 || nkeys < slice || nkeys % slice != 0 ||
+        reps < 1 || d < 32 || d > 256 || d % 32 != 0 || lds < ROWS || lds % 16 != 0) {
         fprintf(stderr,
-                "mx_kernels: keys a positive multiple of %d; D 32..256, a multiple of "
-                "32\n",
-                SLICE);
+                "mx_kernels: slice keys 16..128 (a multiple of 16), keys a positive multiple "
+                "of them (%ld); D 32..256, a multiple of 32; the score stride at least %d rows, "
+                "a multiple of 16\n",
+                slice, ROWS);
         return 2;
     }
     /* a context asks Linux for the tile data where the CPU has AMX, and says what runs */
@@ -57,7 +64,7 @@ int main(int argc, char **argv) {
     float *qrows = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
     const float **rows = malloc(ROWS * sizeof *rows);
     uint32_t *qt = aligned_alloc(64, ((size_t)d / 2 + 1) * ROWS * 4);
-    float *s = aligned_alloc(64, SLICE * ROWS * sizeof(float));
+    float *s = aligned_alloc(64, (size_t)slice * (size_t)lds * sizeof(float));
     float *o = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
     float m[ROWS], l[ROWS], alpha[ROWS];
     if (k == NULL || v == NULL || qrows == NULL || rows == NULL || qt == NULL || s == NULL ||
@@ -90,13 +97,13 @@ int main(int argc, char **argv) {
             l[r] = 0.0f;
         }
         memset(o, 0, (size_t)ROWS * (size_t)d * sizeof *o);
-        for (long j0 = 0; j0 < nkeys; j0 += SLICE) {
+        for (long j0 = 0; j0 < nkeys; j0 += slice) {
             t0 = __rdtsc();
-            mx->qk(SLICE, ROWS, d, k + j0 * d, d, qt, ROWS, scale, s, ROWS);
+            mx->qk(slice, ROWS, d, k + j0 * d, d, qt, ROWS, scale, s, lds);
             const uint64_t t1 = __rdtsc();
-            uk->softmax(SLICE, ROWS, s, ROWS, m, l, alpha);
+            uk->softmax(slice, ROWS, s, lds, m, l, alpha);
             const uint64_t t2 = __rdtsc();
-            mx->pv(SLICE, ROWS, d, s, ROWS, alpha, v + j0 * d, d, o, d);
+            mx->pv(slice, ROWS, d, s, lds, alpha, v + j0 * d, d, o, d);
             const uint64_t t3 = __rdtsc();
             t_qk += t1 - t0;
             t_sm += t2 - t1;
@@ -104,8 +111,9 @@ int main(int argc, char **argv) {
         }
     }
     const double units = (double)reps * (double)nkeys * (ROWS / 16); /* key x 16 rows */
-    printf("%s (%s), D = %ld, %ld keys, %d rows, %ld reps: TSC cycles per key per 16 rows\n",
-           mx->name, sdpa_ctx_kernel(ctx), d, nkeys, ROWS, reps);
+    printf("%s (%s), D = %ld, %ld keys in slices of %ld, %d rows (score stride %ld), %ld reps: "
+           "TSC cycles per key per 16 rows\n",
+           mx->name, sdpa_ctx_kernel(ctx), d, nkeys, slice, ROWS, lds, reps);
     printf("  qk %.2f   softmax %.2f   pv %.2f   total %.2f   (pack_q %.0f per task; the "
            "unit's TDPBF16PS at peak: %.2f each for qk and pv)\n",
            (double)t_qk / units, (double)t_sm / units, (double)t_pv / units,
