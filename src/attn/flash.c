@@ -57,9 +57,9 @@ enum { MX_TARGET_ROWS = 256 };
  * per key halves with every doubling of the slice, while V's pairs, which P V packs for the
  * slice and reads again for every 16 rows, grow with it. MX_KEY_TILE keys where those pairs
  * take at most MX_PAIRS_BYTES (a third of a 48 KiB L1), else KEY_TILE. On an Intel Xeon with
- * AMX (bench/mx_kernels.c, 1 thread, D = 128, 1024 keys) 128 keys took P V from 21.7 to 15.7
- * TSC cycles per key and 16 rows, but on runs where the machine was busy from 28 to 34; in
- * sdpa bench with 2 threads 128 keys gained 15-20 % at D = 64 and nothing at D = 128. */
+ * AMX (bench/mx_kernels.c: 1 thread, 1024 keys, the score stride below), 128 keys took the
+ * forward's three steps from 29.2 to 27.9 TSC cycles per key and 16 rows at D = 64, and from
+ * 43.3 to 47.0 at D = 128, where V's pairs for 128 keys take 32 KiB. */
 enum { MX_KEY_TILE = 128, MX_PAIRS_BYTES = 16 << 10 };
 
 /* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
