@@ -431,22 +431,53 @@ static void qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, con
         qk_few_elem(SDPA__ELEM_BF16, nk, nr, dk, k, ldk, k_next, q_rows, scale, s, lds);
 }
 
+/* The weights of keys [0, nk) for one vector of rows (the softmax's second pass), stored
+ * over their scores, and their sum. With `marks`, a
+ * hidden key's (-inf) weight is -0.0 and the keys' union goes to *hidden; without, the
+ * caller has seen that no score is -inf, and the two instructions a key that finding them
+ * takes are saved (marks is a compile-time constant where this is inlined). */
+INLINE __m512 softmax_weights(int marks, int64_t nk, float *s, int64_t lds, __m512 u,
+                              __mmask16 *hidden) {
+    const __m512 neg_zero = _mm512_set1_ps(-0.0f);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < nk; j++) {
+        const __m512 x = _mm512_loadu_ps(s + j * lds);
+        const __mmask16 inf =
+            marks ? _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ) : 0;
+        *hidden |= inf;
+        const __m512 p = exp512(_mm512_sub_ps(x, u), inf, neg_zero, WEIGHT_EXP2, EXP_LO);
+        _mm512_storeu_ps(s + j * lds, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    return sum;
+}
+
 static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
                           float *alpha) {
-    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), neg_zero = _mm512_set1_ps(-0.0f);
+    const __m512 neg_inf = _mm512_set1_ps(-INFINITY), pos_inf = _mm512_set1_ps(INFINITY);
     __mmask16 hidden = 0;
     for (int64_t r = 0; r < nr; r += 16) {
-        /* the max in four independent chains, keys j = 0, 1, 2, 3 mod 4 (a max is exact, so
-         * any order gives the same for scores without NaN: 4x shorter latency) */
+        /* the max and the min in four independent chains each, keys j = 0, 1, 2, 3 mod 4 (a
+         * max is exact, so any order gives the same for scores without NaN: 4x shorter
+         * latency); the min, which passes over a NaN (vminps gives its second operand where
+         * either is one), says whether a key is hidden */
         const __m512 m_old = _mm512_loadu_ps(m + r);
         __m512 mc[4] = {m_old, neg_inf, neg_inf, neg_inf};
+        __m512 nc[4] = {pos_inf, pos_inf, pos_inf, pos_inf};
         int64_t j = 0;
         for (; j + 4 <= nk; j += 4)
-            for (int c = 0; c < 4; c++)
-                mc[c] = _mm512_max_ps(mc[c], _mm512_loadu_ps(s + (j + c) * lds + r));
-        for (; j < nk; j++)
-            mc[0] = _mm512_max_ps(mc[0], _mm512_loadu_ps(s + j * lds + r));
+            for (int c = 0; c < 4; c++) {
+                const __m512 x = _mm512_loadu_ps(s + (j + c) * lds + r);
+                mc[c] = _mm512_max_ps(mc[c], x);
+                nc[c] = _mm512_min_ps(x, nc[c]);
+            }
+        for (; j < nk; j++) {
+            const __m512 x = _mm512_loadu_ps(s + j * lds + r);
+            mc[0] = _mm512_max_ps(mc[0], x);
+            nc[0] = _mm512_min_ps(x, nc[0]);
+        }
         const __m512 mx = _mm512_max_ps(_mm512_max_ps(mc[0], mc[1]), _mm512_max_ps(mc[2], mc[3]));
+        const __m512 mn = _mm512_min_ps(_mm512_min_ps(nc[0], nc[1]), _mm512_min_ps(nc[2], nc[3]));
         /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
         const __m512 u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), mx,
                                               _mm512_setzero_ps());
@@ -454,15 +485,9 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
         const __m512 a =
             exp512(_mm512_sub_ps(m_old, u), _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ),
                    _mm512_setzero_ps(), 0, EXP_LO);
-        __m512 sum = _mm512_setzero_ps();
-        for (j = 0; j < nk; j++) {
-            const __m512 x = _mm512_loadu_ps(s + j * lds + r);
-            const __mmask16 inf = _mm512_cmp_ps_mask(x, neg_inf, _CMP_EQ_OQ);
-            hidden |= inf;
-            const __m512 p = exp512(_mm512_sub_ps(x, u), inf, neg_zero, WEIGHT_EXP2, EXP_LO);
-            _mm512_storeu_ps(s + j * lds + r, p);
-            sum = _mm512_add_ps(sum, p);
-        }
+        const __m512 sum = _mm512_cmp_ps_mask(mn, neg_inf, _CMP_EQ_OQ) != 0
+                               ? softmax_weights(1, nk, s + r, lds, u, &hidden)
+                               : softmax_weights(0, nk, s + r, lds, u, &hidden);
         _mm512_storeu_ps(alpha + r, a);
         _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
         _mm512_storeu_ps(m + r, mx);
