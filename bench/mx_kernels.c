@@ -1,7 +1,8 @@
 /*
  * mx_kernels.c -- cycles of the bf16 forward's steps on a matrix unit (flash-amx), each called
  * straight from the tables on slices of one head small enough to stay in L2: the unit's
- * scores (mx->qk), the vector table's softmax, and P V (mx->pv), for a task of 256 rows, as
+ * scores (mx->qk), the vector table's softmax (softmax_bf16p where it has one, as flash.c
+ * takes it), and P V (mx->pv), for a task of 256 rows, as
  * flash.c calls them for one query head of an unmasked problem: slices of 128 keys where D <=
  * 64, else 64, and the scores' stride 272 rows (MX_KEY_TILE and the padded stride of
  * flash.c's plan_init), unless the last two arguments say otherwise (64 and 256 are what
@@ -59,6 +60,8 @@ int main(int argc, char **argv) {
     }
     const sdpa__mx_kernels *mx = &sdpa__mx_amx;
     const sdpa__ukernels *uk = &sdpa__uk_avx512;
+    int (*const softmax)(int64_t, int64_t, float *, int64_t, float *, float *, float *) =
+        uk->softmax_bf16p != NULL ? uk->softmax_bf16p : uk->softmax;
     const size_t n = (size_t)nkeys * (size_t)d;
     uint16_t *k = aligned_alloc(64, n * 2), *v = aligned_alloc(64, n * 2);
     float *qrows = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
@@ -101,7 +104,7 @@ int main(int argc, char **argv) {
             t0 = __rdtsc();
             mx->qk(slice, ROWS, d, k + j0 * d, d, qt, ROWS, scale, s, lds);
             const uint64_t t1 = __rdtsc();
-            uk->softmax(slice, ROWS, s, lds, m, l, alpha);
+            softmax(slice, ROWS, s, lds, m, l, alpha);
             const uint64_t t2 = __rdtsc();
             mx->pv(slice, ROWS, d, s, lds, alpha, v + j0 * d, d, o, d);
             const uint64_t t3 = __rdtsc();

@@ -16,8 +16,130 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* exp through the softmax micro-kernel: one key per row and m = 0, so that with scores <= 0
- * the weights are exp(score), times 2^weight_exp2 (taken out here, exactly, in double). */
+typedef int (*softmax_fn)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                          float *alpha);
+
+/* exp through a softmax entry of table uk (`which` names it): one key per row and m = 0, so
+ * that with scores <= 0 the weights are exp(score), times 2^weight_exp2 (taken out here,
+ * exactly, in double), within `ulps` units in the last place. */
+static void check_softmax_exp(const sdpa__ukernels *uk, const char *which, softmax_fn softmax,
+                              double ulps) {
+    enum { N = 4096 };
+    static float s[N], m[N], l[N], alpha[N];
+    double worst = 0.0, worst_x = 0.0;
+    for (int i = 0; i < N; i++) {
+        s[i] = -87.0f * (float)i / (N - 1); /* [-87, 0]: the range a softmax uses */
+        m[i] = 0.0f;
+        l[i] = 0.0f;
+    }
+    softmax(1, N, s, N, m, l, alpha);
+    const int e2 = uk->weight_exp2;
+    for (int i = 0; i < N; i++) {
+        const double want = exp((double)(-87.0f * (float)i / (N - 1)));
+        const double ulp = ldexp(1.0, ilogb(want) - 23);
+        const double e = fabs(ldexp((double)s[i], -e2) - want) / ulp;
+        if (e > worst) {
+            worst = e;
+            worst_x = log(want);
+        }
+    }
+    printf("    %-8s %s's exp: worst %.2f ulp at x = %.3f\n", uk->name, which, worst, worst_x);
+    CHECK_MSG(worst <= ulps, "%s %s's exp error %.2f ulp", uk->name, which, worst);
+    CHECK_MSG(s[0] == ldexpf(1.0f, e2), "%s %s: exp(0) = %.9g, not 1", uk->name, which,
+              ldexp((double)s[0], -e2));
+    /* Below e^-87: a table may stop there (AVX2 returns e^-87); one whose exp goes on
+     * must give +0, the f32 value, below -104 (far below every other key's, as a -1e9 mask
+     * value puts a score), never -0.0, the hidden keys' mark; in [-104, -87] it must be
+     * within its ulps of exp(x) where its scale keeps the weights normal (weight_exp2 >= 25),
+     * else within one subnormal step. */
+    static const float deep[] = {-87.5f,   -90.0f,   -95.0f,  -100.0f,  -102.0f, -103.5f,
+                                 -103.95f, -104.01f, -110.0f, -1000.0f, -1e9f,   -3.4e38f};
+    enum { NDEEP = sizeof deep / sizeof deep[0] };
+    for (int i = 0; i < NDEEP; i++) {
+        s[i] = deep[i];
+        m[i] = 0.0f;
+        l[i] = 0.0f;
+    }
+    softmax(1, NDEEP, s, NDEEP, m, l, alpha);
+    const int goes_on = ldexp((double)s[2], -e2) < 1e-38; /* exp(-95) = 5.5e-42 */
+    for (int i = 0; i < NDEEP; i++) {
+        const double w = ldexp((double)s[i], -e2), want = exp((double)deep[i]);
+        CHECK_MSG(!signbit(s[i]) && w <= 1.7e-38, "%s %s: exp(%g) = %g", uk->name, which,
+                  (double)deep[i], w);
+        if (!goes_on)
+            continue;
+        if (deep[i] < -104.0f)
+            CHECK_MSG(s[i] == 0.0f, "%s %s: exp(%g) = %g, not +0", uk->name, which, (double)deep[i],
+                      w);
+        else if (e2 >= 25)
+            CHECK_MSG(fabs(w - want) <= ulps * ldexp(1.0, ilogb(want) - 23),
+                      "%s %s: exp(%g) = %g, more than %g ulp from %g", uk->name, which,
+                      (double)deep[i], w, ulps, want);
+        else
+            CHECK_MSG(fabs(w - want) <= 0x1p-149,
+                      "%s %s: exp(%g) = %g, more than a subnormal step from %g", uk->name, which,
+                      (double)deep[i], w, want);
+    }
+    /* a NaN score gives a NaN weight whatever its payload and sign (a kernel that builds
+     * 2^n from the bits of a rounded x must not turn one into a number) */
+    for (int i = 0; i < N; i++) {
+        const uint32_t bits =
+            (i % 2 ? 0xff800000u : 0x7f800000u) | (1u + (uint32_t)i * 2053u) % 0x7fffffu;
+        memcpy(&s[i], &bits, sizeof bits);
+        m[i] = 0.0f;
+        l[i] = 0.0f;
+    }
+    softmax(1, N, s, N, m, l, alpha);
+    int not_nan = 0;
+    for (int i = 0; i < N; i++)
+        not_nan += !isnan(s[i]) || !isnan(l[i]);
+    CHECK_MSG(not_nan == 0, "%s %s: %d NaN scores gave a number", uk->name, which, not_nan);
+    /* hidden keys are -0.0, and alpha for a row that had seen nothing is harmless */
+    s[0] = -INFINITY;
+    m[0] = -INFINITY;
+    l[0] = 0.0f;
+    softmax(1, uk->lanes, s, uk->lanes, m, l, alpha);
+    CHECK(s[0] == 0.0f && signbit(s[0]));
+    CHECK(l[0] == 0.0f && m[0] == -INFINITY);
+}
+
+/* softmax_bf16p against softmax over a slice of random scores, some hidden, across two
+ * steps: m, alpha and the hidden keys' marks bitwise the same, the weights and l within 2e-6
+ * relative. */
+static void check_softmax_bf16p(const sdpa__ukernels *uk) {
+    enum { NK = 37, NR = 48 };
+    static float s0[NK * NR], s1[NK * NR], m0[NR], m1[NR], l0[NR], l1[NR], a0[NR], a1[NR];
+    tu_rng r = {7};
+    for (int i = 0; i < NR; i++) {
+        m0[i] = m1[i] = i % 3 == 0 ? -INFINITY : (float)(tu_randn(&r) * 4.0);
+        l0[i] = l1[i] = i % 3 == 0 ? 0.0f : 0x1p25f;
+    }
+    for (int step = 0; step < 2; step++) {
+        for (int e = 0; e < NK * NR; e++)
+            s0[e] = s1[e] = e % 11 == 3 ? -INFINITY : (float)(tu_randn(&r) * (step ? 30.0 : 3.0));
+        const int h0 = uk->softmax(NK, NR, s0, NR, m0, l0, a0);
+        const int h1 = uk->softmax_bf16p(NK, NR, s1, NR, m1, l1, a1);
+        CHECK_MSG(h0 == h1, "%s softmax_bf16p: hidden %d, softmax's %d", uk->name, h1, h0);
+        CHECK_MSG(memcmp(m0, m1, sizeof m0) == 0 && memcmp(a0, a1, sizeof a0) == 0,
+                  "%s softmax_bf16p: m or alpha differ from softmax's", uk->name);
+        double worst = 0.0;
+        for (int e = 0; e < NK * NR; e++) {
+            if (s0[e] == 0.0f && signbit(s0[e]))
+                CHECK_MSG(s1[e] == 0.0f && signbit(s1[e]), "%s softmax_bf16p: key %d not -0.0",
+                          uk->name, e);
+            else if (s0[e] != 0.0f)
+                worst = fmax(worst, fabs((double)s1[e] / (double)s0[e] - 1.0));
+        }
+        for (int i = 0; i < NR; i++)
+            if (l0[i] != 0.0f)
+                worst = fmax(worst, fabs((double)l1[i] / (double)l0[i] - 1.0));
+        printf("    %-8s softmax_bf16p against softmax, step %d: worst %.2e relative\n", uk->name,
+               step, worst);
+        CHECK_MSG(worst <= 2e-6, "%s softmax_bf16p: %.2e relative from softmax", uk->name, worst);
+    }
+}
+
+/* Each table's softmax entries: the exp's accuracy, its floor, NaN and the hidden marks. */
 static void test_exp_accuracy(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
@@ -27,80 +149,11 @@ static void test_exp_accuracy(void) {
             printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
             continue;
         }
-        enum { N = 4096 };
-        static float s[N], m[N], l[N], alpha[N];
-        double worst = 0.0, worst_x = 0.0;
-        for (int i = 0; i < N; i++) {
-            s[i] = -87.0f * (float)i / (N - 1); /* [-87, 0]: the range a softmax uses */
-            m[i] = 0.0f;
-            l[i] = 0.0f;
+        check_softmax_exp(uk, "softmax", uk->softmax, 2.0);
+        if (uk->softmax_bf16p != NULL) { /* 2e-6 relative: 16.8 ulp at worst */
+            check_softmax_exp(uk, "softmax_bf16p", uk->softmax_bf16p, 16.0);
+            check_softmax_bf16p(uk);
         }
-        uk->softmax(1, N, s, N, m, l, alpha);
-        const int e2 = uk->weight_exp2;
-        for (int i = 0; i < N; i++) {
-            const double want = exp((double)(-87.0f * (float)i / (N - 1)));
-            const double ulp = ldexp(1.0, ilogb(want) - 23);
-            const double e = fabs(ldexp((double)s[i], -e2) - want) / ulp;
-            if (e > worst) {
-                worst = e;
-                worst_x = log(want);
-            }
-        }
-        printf("    %-8s exp: worst %.2f ulp at x = %.3f\n", uk->name, worst, worst_x);
-        CHECK_MSG(worst <= 2.0, "%s exp error %.2f ulp", uk->name, worst);
-        /* Below e^-87: a table may stop there (AVX2 returns e^-87); one whose exp goes on
-         * must give +0, the f32 value, below -104 (far below every other key's, as a -1e9 mask
-         * value puts a score), never -0.0, the hidden keys' mark; in [-104, -87] it must be
-         * within 2 ulp of exp(x) where its scale keeps the weights normal (weight_exp2 >= 25),
-         * else within one subnormal step. */
-        static const float deep[] = {-87.5f,   -90.0f,   -95.0f,  -100.0f,  -102.0f, -103.5f,
-                                     -103.95f, -104.01f, -110.0f, -1000.0f, -1e9f,   -3.4e38f};
-        enum { NDEEP = sizeof deep / sizeof deep[0] };
-        for (int i = 0; i < NDEEP; i++) {
-            s[i] = deep[i];
-            m[i] = 0.0f;
-            l[i] = 0.0f;
-        }
-        uk->softmax(1, NDEEP, s, NDEEP, m, l, alpha);
-        const int goes_on = ldexp((double)s[2], -e2) < 1e-38; /* exp(-95) = 5.5e-42 */
-        for (int i = 0; i < NDEEP; i++) {
-            const double w = ldexp((double)s[i], -e2), want = exp((double)deep[i]);
-            CHECK_MSG(!signbit(s[i]) && w <= 1.7e-38, "%s: exp(%g) = %g", uk->name, (double)deep[i],
-                      w);
-            if (!goes_on)
-                continue;
-            if (deep[i] < -104.0f)
-                CHECK_MSG(s[i] == 0.0f, "%s: exp(%g) = %g, not +0", uk->name, (double)deep[i], w);
-            else if (e2 >= 25)
-                CHECK_MSG(fabs(w - want) <= 2.0 * ldexp(1.0, ilogb(want) - 23),
-                          "%s: exp(%g) = %g, more than 2 ulp from %g", uk->name, (double)deep[i], w,
-                          want);
-            else
-                CHECK_MSG(fabs(w - want) <= 0x1p-149,
-                          "%s: exp(%g) = %g, more than a subnormal step from %g", uk->name,
-                          (double)deep[i], w, want);
-        }
-        /* a NaN score gives a NaN weight whatever its payload and sign (a kernel that builds
-         * 2^n from the bits of a rounded x must not turn one into a number) */
-        for (int i = 0; i < N; i++) {
-            const uint32_t bits =
-                (i % 2 ? 0xff800000u : 0x7f800000u) | (1u + (uint32_t)i * 2053u) % 0x7fffffu;
-            memcpy(&s[i], &bits, sizeof bits);
-            m[i] = 0.0f;
-            l[i] = 0.0f;
-        }
-        uk->softmax(1, N, s, N, m, l, alpha);
-        int not_nan = 0;
-        for (int i = 0; i < N; i++)
-            not_nan += !isnan(s[i]) || !isnan(l[i]);
-        CHECK_MSG(not_nan == 0, "%s: %d NaN scores gave a number", uk->name, not_nan);
-        /* hidden keys are -0.0, and alpha for a row that had seen nothing is harmless */
-        s[0] = -INFINITY;
-        m[0] = -INFINITY;
-        l[0] = 0.0f;
-        uk->softmax(1, uk->lanes, s, uk->lanes, m, l, alpha);
-        CHECK(s[0] == 0.0f && signbit(s[0]));
-        CHECK(l[0] == 0.0f && m[0] == -INFINITY);
     }
 }
 

@@ -592,9 +592,13 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         }
         if (!sl.whole || pl->needs_post)
             post_process(pl, p, b, &tr, r0, r1use, js, nk, sl.whole, s0 - r0);
-        const int hidden = r1use - r0 <= SDPA__FEW_ROWS && uk->softmax_few != NULL
-                               ? uk->softmax_few(nk, r1use - r0, s0, rp, m + r0, l + r0, alpha + r0)
-                               : uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
+        /* (the unit rounds the weights to bf16: a cheaper exp serves it, where offered) */
+        const int hidden =
+            r1use - r0 <= SDPA__FEW_ROWS && uk->softmax_few != NULL
+                ? uk->softmax_few(nk, r1use - r0, s0, rp, m + r0, l + r0, alpha + r0)
+            : mx && uk->softmax_bf16p != NULL
+                ? uk->softmax_bf16p(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0)
+                : uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
         if (pl->dropout)
             drop_weights(pl, b, &tr, r0, r1use, js, nk, s);
         float *o0 = o + r0 * pl->dvp;

@@ -81,6 +81,12 @@ typedef struct sdpa__ukernels {
      * softmax's; l's sum over the keys may be formed in another (fixed) order. */
     int (*softmax_few)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
                        float *alpha);
+    /* Optional (NULL: not offered), softmax for weights that are rounded to bf16 next (a matrix
+     * unit's P V): the same contract, m, alpha, the -0.0 marks and the floor bitwise
+     * softmax's, the weights (and so l) by a cheaper exp, within 2 ulp of exp(x) where
+     * softmax's may be more exact. */
+    int (*softmax_bf16p)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                         float *alpha);
     /* The backward's weights, recomputed from the forward's log-sum-exp u (one per row): for
      * every j < nk and r < nr,
      *   s[j*lds + r] = (s == -inf ? -0.0f : exp(s - u[r]))

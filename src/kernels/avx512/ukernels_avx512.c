@@ -431,12 +431,39 @@ static void qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, con
         qk_few_elem(SDPA__ELEM_BF16, nk, nr, dk, k, ldk, k_next, q_rows, scale, s, lds);
 }
 
+/* exp(x) * 2^WEIGHT_EXP2 for weights that are rounded to bf16 next (softmax_bf16p), in the
+ * lanes outside `hide`, v in those; +0 below -104, as exp512. 2^(x log2 e) is split as 2^n 2^f
+ * with n = round(x log2 e) by the shifter (one add; round to nearest) and f = x log2 e - n by
+ * two FMAs (log2 e in two f32 parts: in one, f would be off by up to |x| 2e-8, 1.4e-6 of the
+ * result at x = -104); 2^f, |f| <= 1/2, by a degree-5 polynomial (its constant 1, so that
+ * exp(0), the row's best key, is 1 exactly as exp512 gives it; the others fitted for relative
+ * error on [-1/2, 1/2], 1.1e-7 there; scaled by 2^WEIGHT_EXP2, exactly) and 2^n applied by
+ * vscalefps. Within 2.0 ulp on [-87, 0] (exp512: 0.8), thirteen vector instructions against
+ * exp512's sixteen (of which vrndscaleps is two micro-ops). */
+INLINE __m512 exp512_bf16p(__m512 x, __mmask16 hide, __m512 v) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
+    x = _mm512_maskz_mov_ps((__mmask16)~under, x); /* NaN x stays NaN */
+    const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shifter = _mm512_set1_ps(0x1.8p23f);
+    const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, log2e, shifter), shifter);
+    const __m512 f =
+        _mm512_fmadd_ps(x, _mm512_set1_ps(1.925963033500e-8f), _mm512_fmsub_ps(x, log2e, n));
+    const float e = 0x1p25f; /* 2^WEIGHT_EXP2 */
+    __m512 p = _mm512_set1_ps(0x1.5bba14p-10f * e);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.3cea88p-7f * e));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.c6b752p-5f * e));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.ebf9bcp-3f * e));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.62e42ap-1f * e));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(e));
+    return _mm512_mask_blend_ps(hide, _mm512_maskz_scalef_ps((__mmask16)~under, p, n), v);
+}
+_Static_assert(WEIGHT_EXP2 == 25, "exp512_bf16p's coefficients carry 2^WEIGHT_EXP2");
+
 /* The weights of keys [0, nk) for one vector of rows (the softmax's second pass), stored
- * over their scores, and their sum. With `marks`, a
+ * over their scores, and their sum: exp512 or, with bf16p, exp512_bf16p. With `marks`, a
  * hidden key's (-inf) weight is -0.0 and the keys' union goes to *hidden; without, the
  * caller has seen that no score is -inf, and the two instructions a key that finding them
- * takes are saved (marks is a compile-time constant where this is inlined). */
-INLINE __m512 softmax_weights(int marks, int64_t nk, float *s, int64_t lds, __m512 u,
+ * takes are saved (bf16p and marks are compile-time constants where this is inlined). */
+INLINE __m512 softmax_weights(int bf16p, int marks, int64_t nk, float *s, int64_t lds, __m512 u,
                               __mmask16 *hidden) {
     const __m512 neg_zero = _mm512_set1_ps(-0.0f);
     __m512 sum = _mm512_setzero_ps();
@@ -445,15 +472,18 @@ INLINE __m512 softmax_weights(int marks, int64_t nk, float *s, int64_t lds, __m5
         const __mmask16 inf =
             marks ? _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ) : 0;
         *hidden |= inf;
-        const __m512 p = exp512(_mm512_sub_ps(x, u), inf, neg_zero, WEIGHT_EXP2, EXP_LO);
+        const __m512 p = bf16p ? exp512_bf16p(_mm512_sub_ps(x, u), inf, neg_zero)
+                               : exp512(_mm512_sub_ps(x, u), inf, neg_zero, WEIGHT_EXP2, EXP_LO);
         _mm512_storeu_ps(s + j * lds, p);
         sum = _mm512_add_ps(sum, p);
     }
     return sum;
 }
 
-static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
-                          float *alpha) {
+/* The online-softmax step (ukernels.h) with exp512 for its weights, or with exp512_bf16p
+ * (bf16p, a compile-time constant where this is inlined); alpha by exp512 in both. */
+INLINE int softmax_body(int bf16p, int64_t nk, int64_t nr, float *s, int64_t lds, float *m,
+                        float *l, float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), pos_inf = _mm512_set1_ps(INFINITY);
     __mmask16 hidden = 0;
     for (int64_t r = 0; r < nr; r += 16) {
@@ -486,13 +516,23 @@ static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *
             exp512(_mm512_sub_ps(m_old, u), _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ),
                    _mm512_setzero_ps(), 0, EXP_LO);
         const __m512 sum = _mm512_cmp_ps_mask(mn, neg_inf, _CMP_EQ_OQ) != 0
-                               ? softmax_weights(1, nk, s + r, lds, u, &hidden)
-                               : softmax_weights(0, nk, s + r, lds, u, &hidden);
+                               ? softmax_weights(bf16p, 1, nk, s + r, lds, u, &hidden)
+                               : softmax_weights(bf16p, 0, nk, s + r, lds, u, &hidden);
         _mm512_storeu_ps(alpha + r, a);
         _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
         _mm512_storeu_ps(m + r, mx);
     }
     return hidden != 0;
+}
+
+static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                          float *alpha) {
+    return softmax_body(0, nk, nr, s, lds, m, l, alpha);
+}
+
+static int softmax_bf16p_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                                float *alpha) {
+    return softmax_body(1, nk, nr, s, lds, m, l, alpha);
 }
 
 /* The first 4 lanes of four keys' rows of scores, key b in 128-bit lane b. */
@@ -832,6 +872,7 @@ const sdpa__ukernels sdpa__uk_avx512 = {
     .pv_few = pv_few_avx512,
     .softmax = softmax_avx512,
     .softmax_few = softmax_few_avx512,
+    .softmax_bf16p = softmax_bf16p_avx512,
     .exp_lse = exp_lse_avx512,
     .exp_lse_rows = exp_lse_rows_avx512,
     .ds = ds_avx512,
