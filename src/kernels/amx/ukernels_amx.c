@@ -32,6 +32,7 @@
  * on CPUs without AMX. The hardware sums differently: on an Intel Xeon (model 207) the last
  * bit of 4 in 10 of its results differs from this emulation.
  */
+#include "../avx512/transpose_avx512.h"
 #include "../ukernels.h"
 
 #include <immintrin.h>
@@ -374,48 +375,22 @@ INLINE __m512i bf16_pairs(__m512 p0, __m512 p1) {
 }
 #endif
 
-/* Transposes the 16 x 16 32-bit matrix x (row i in x[i]). */
-INLINE void transpose16(__m512i x[16]) {
-    __m512i a[16], b[16];
-    for (int i = 0; i < 8; i++) {
-        a[2 * i] = _mm512_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
-        a[2 * i + 1] = _mm512_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
-    }
-    /* b[4g + k]: within 128-bit lane L, column 4L + k of rows 4g .. 4g + 3 */
-    for (int g = 0; g < 4; g++) {
-        b[4 * g] = _mm512_unpacklo_epi64(a[4 * g], a[4 * g + 2]);
-        b[4 * g + 1] = _mm512_unpackhi_epi64(a[4 * g], a[4 * g + 2]);
-        b[4 * g + 2] = _mm512_unpacklo_epi64(a[4 * g + 1], a[4 * g + 3]);
-        b[4 * g + 3] = _mm512_unpackhi_epi64(a[4 * g + 1], a[4 * g + 3]);
-    }
-    for (int k = 0; k < 4; k++) {
-        const __m512i d0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x88);
-        const __m512i e0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xdd);
-        const __m512i d1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x88);
-        const __m512i e1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xdd);
-        x[k] = _mm512_shuffle_i32x4(d0, d1, 0x88);
-        x[8 + k] = _mm512_shuffle_i32x4(d0, d1, 0xdd);
-        x[4 + k] = _mm512_shuffle_i32x4(e0, e1, 0x88);
-        x[12 + k] = _mm512_shuffle_i32x4(e0, e1, 0xdd);
-    }
-}
-
 /* P^T of the 16 rows from r0 as the unit's A tiles, bf16: pt[r * KEYS_MAX + j] for keys
  * j < nk32 (zero past nk), from the weights' layout p[j * ldp + r]. */
 static void pt_block(int64_t nk, int64_t nk32, const float *p, int64_t ldp, int64_t r0,
                      uint16_t *pt) {
     for (int64_t kc = 0; kc < nk32; kc += 32) {
-        __m512i x[16];
+        __m512 x[16]; /* pairs of bf16, moved as 32-bit values */
         for (int64_t q = 0; q < 16; q++) {
             const int64_t j = kc + 2 * q;
             const __m512 p0 = j < nk ? _mm512_loadu_ps(p + j * ldp + r0) : _mm512_setzero_ps();
             const __m512 p1 =
                 j + 1 < nk ? _mm512_loadu_ps(p + (j + 1) * ldp + r0) : _mm512_setzero_ps();
-            x[q] = bf16_pairs(p0, p1);
+            x[q] = _mm512_castsi512_ps(bf16_pairs(p0, p1));
         }
-        transpose16(x);
+        sdpa__transpose16_avx512(x);
         for (int r = 0; r < 16; r++)
-            _mm512_store_si512(pt + r * KEYS_MAX + kc, x[r]);
+            _mm512_store_ps(pt + r * KEYS_MAX + kc, x[r]);
     }
 }
 

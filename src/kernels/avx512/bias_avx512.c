@@ -11,6 +11,7 @@
  * conversion does.
  */
 #include "../ukernels.h"
+#include "transpose_avx512.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -38,33 +39,6 @@ INLINE __m512 masked(__m512 x, __m512 mv) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
     const __mmask16 hide = _mm512_cmp_ps_mask(mv, neg_inf, _CMP_EQ_OQ);
     return _mm512_mask_blend_ps(hide, _mm512_add_ps(x, mv), neg_inf);
-}
-
-/* t[c] = column c of the 16 x 16 values t[r] (lane c of row r), in place. */
-INLINE void transpose16(__m512 t[LANES]) {
-    __m512 u[LANES];
-    for (int k = 0; k < 8; k++) { /* per 128-bit lane L: (a0 b0 a1 b1), (a2 b2 a3 b3) */
-        u[2 * k] = _mm512_unpacklo_ps(t[2 * k], t[2 * k + 1]);
-        u[2 * k + 1] = _mm512_unpackhi_ps(t[2 * k], t[2 * k + 1]);
-    }
-    for (int k = 0; k < 4; k++) { /* t[4k + e], lane L: rows 4k..4k+3 at column 4L + e */
-        t[4 * k] = _mm512_shuffle_ps(u[4 * k], u[4 * k + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        t[4 * k + 1] = _mm512_shuffle_ps(u[4 * k], u[4 * k + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        t[4 * k + 2] = _mm512_shuffle_ps(u[4 * k + 1], u[4 * k + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        t[4 * k + 3] = _mm512_shuffle_ps(u[4 * k + 1], u[4 * k + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int e = 0; e < 4; e++) { /* column 4L + e: lane L of t[e], t[4+e], t[8+e], t[12+e] */
-        const __m512 a0 = _mm512_shuffle_f32x4(t[e], t[4 + e], 0x88); /* lanes 0, 2 */
-        const __m512 a1 = _mm512_shuffle_f32x4(t[e], t[4 + e], 0xdd); /* lanes 1, 3 */
-        const __m512 b0 = _mm512_shuffle_f32x4(t[8 + e], t[12 + e], 0x88);
-        const __m512 b1 = _mm512_shuffle_f32x4(t[8 + e], t[12 + e], 0xdd);
-        u[e] = _mm512_shuffle_f32x4(a0, b0, 0x88);
-        u[4 + e] = _mm512_shuffle_f32x4(a1, b1, 0x88);
-        u[8 + e] = _mm512_shuffle_f32x4(a0, b0, 0xdd);
-        u[12 + e] = _mm512_shuffle_f32x4(a1, b1, 0xdd);
-    }
-    for (int c = 0; c < LANES; c++)
-        t[c] = u[c];
 }
 
 /* A row's keys along the lanes (js = 1). */
@@ -112,7 +86,7 @@ static void bias_cols(int64_t nr, int64_t nk, const float *slope, const double *
                 for (int64_t rr = 0; rr < LANES; rr++)
                     mv[rr] = rr < nb ? _mm512_maskz_loadu_ps(first(nj), m[r + rr] + j)
                                      : _mm512_setzero_ps();
-                transpose16(mv);
+                sdpa__transpose16_avx512(mv);
             }
             for (int64_t jj = 0; jj < nj; jj++) {
                 float *s_j = s + (j + jj) * js + r;
