@@ -132,7 +132,15 @@ static void tiles_begin(void) {
 
 #define TILES_BEGIN() tiles_begin()
 #define TILES_END() _tile_release()
-#define TLOAD(t, base, stride) _tile_loadd(t, base, stride)
+/* GCC's _tile_loadd (12.2) is an asm statement that does not tell the compiler it reads
+ * memory (its _tile_stored does): the compiler barrier before each load keeps the plain stores
+ * that filled its source (P^T, V's pairs, K's padded tail) ahead of it, where an inlined
+ * producer might otherwise have them moved past the load or dropped as dead. */
+#define TLOAD(t, base, stride)                                                                     \
+    do {                                                                                           \
+        __asm__ volatile("" ::: "memory");                                                         \
+        _tile_loadd(t, base, stride);                                                              \
+    } while (0)
 #define TSTORE(t, base, stride) _tile_stored(t, base, stride)
 #define TZERO(t) _tile_zero(t)
 #define TDP(c, a, b) _tile_dpbf16ps(c, a, b)
