@@ -83,7 +83,7 @@ typedef struct sdpa__ukernels {
                        float *alpha);
     /* Optional (NULL: not offered), softmax for weights that are rounded to bf16 next (a matrix
      * unit's P V): the same contract, m, alpha, the -0.0 marks and the floor bitwise
-     * softmax's, the weights (and so l) by a cheaper exp, within 2 ulp of exp(x) where
+     * softmax's, the weights (and so l) by a cheaper exp, within 3 ulp of exp(x) where
      * softmax's may be more exact. */
     int (*softmax_bf16p)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
                          float *alpha);
