@@ -438,9 +438,8 @@ static void qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, con
  * result at x = -104); 2^f, |f| <= 1/2, by a degree-5 polynomial (its constant 1, so that
  * exp(0), the row's best key, is 1 exactly as exp512 gives it; the others fitted for relative
  * error on [-1/2, 1/2], 1.1e-7 there; scaled by 2^WEIGHT_EXP2, exactly) and 2^n applied by
- * vscalefps. Within 2.3 ulp on [-104, 0] (exp512: 0.9; over a million random x), thirteen
- * vector instructions against
- * exp512's sixteen (of which vrndscaleps is two micro-ops). */
+ * vscalefps. Within 2.3 ulp on [-104, 0] (exp512: 0.9; over a million random x), in thirteen
+ * vector instructions against exp512's sixteen (of which vrndscaleps is two micro-ops). */
 INLINE __m512 exp512_bf16p(__m512 x, __mmask16 hide, __m512 v) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
     x = _mm512_maskz_mov_ps((__mmask16)~under, x); /* NaN x stays NaN */
