@@ -19,6 +19,7 @@
  * of three runs. Not a test: nothing is checked but that it runs.
  */
 #include "../src/dispatch/cpu.h"
+#include "../src/kernels/amx/tile_config.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -31,8 +32,9 @@
 /* A list of the 24 accumulators' numbers, applied to a macro. */
 #define EACH24(M)                                                                                  \
     M(0)                                                                                           \
-    M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16) M(17)   \
-        M(18) M(19) M(20) M(21) M(22) M(23)
+    M(1)                                                                                           \
+    M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15) M(16) M(17) M(18)  \
+        M(19) M(20) M(21) M(22) M(23)
 
 /* The body of a timed loop: 24 accumulators a##i, each updated by OP(a##i) per step. */
 #define TIME24(n, DECL, OP, SUM)                                                                   \
@@ -80,24 +82,11 @@ __attribute__((target("avx512f,avx512fp16"))) static double rate_fmaph(long n) {
     TIME24(n, DECL_H, OP_H, SUM_H);
 }
 
-/* The tiles: every one 16 rows of 64 bytes (palette 1). */
-typedef struct tile_config {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 static _Alignas(64) unsigned char tile_mem[8][16 * 64];
 
 __attribute__((target("amx-tile"))) static void tiles_on(void) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
+    sdpa__tile_config c; /* every tile 16 rows of 64 bytes */
+    sdpa__tile_config_full(&c);
     _tile_loadconfig(&c);
 }
 

@@ -34,6 +34,7 @@
  */
 #include "../avx512/transpose_avx512.h"
 #include "../ukernels.h"
+#include "tile_config.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -111,22 +112,10 @@ static void emu_dp(int c, int a, int b) {
 
 #else
 
-/* The tile configuration (palette 1): every tile 16 rows of 64 bytes. */
-typedef struct tile_config {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
+/* Every tile 16 rows (TROWS) of 64 bytes (TBYTES). */
 static void tiles_begin(void) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = TBYTES;
-        c.rows[t] = TROWS;
-    }
+    sdpa__tile_config c;
+    sdpa__tile_config_full(&c);
     _tile_loadconfig(&c);
 }
 
