@@ -100,7 +100,9 @@ static const char help_figures[] =
     "kernels' under SDPA_MAX_ISA, which the header then says), and the loop of the peak probe:\n"
     "compare a %peak only with figures of the same CPU, kernels and peak loop. The JSON holds\n"
     "the same as cpu_model, cpu_family, cpu_model_number, cache_kib, cpu_isa, isa, kernel and\n"
-    "peak.*.isa.\n"
+    "peak.*.isa. Where the kernels run on an AMX unit (isa amx) the probe also times its\n"
+    "TDPBF16PS at the start and the end (peak.*.tile_gflops): the unit has slow phases that\n"
+    "the FMA peak does not show, so read a bf16 figure next to it.\n"
     "\n"
     "Figures:\n"
     "  dtype       Q and O's dtype, then /K and V's where they differ (f32/f16)\n"
@@ -811,7 +813,9 @@ static int probe_library(const options *o, bench_run *ri, sdpa_isa *peak_isa) {
                 sdpa_isa_name(o->peak_isa), ri->isa);
         return CLI_RUNTIME;
     }
-    *peak_isa = o->peak_isa == SDPA_ISA_AUTO ? bench_peak_loop(level) : o->peak_isa;
+    /* (the probe takes the widest loop at or below it; at the AMX level it times the tile
+     * unit too) */
+    *peak_isa = o->peak_isa == SDPA_ISA_AUTO ? level : o->peak_isa;
     return CLI_OK;
 }
 

@@ -1,10 +1,10 @@
 /*
  * bench.h — the parts of `sdpa bench` shared between its files: the machine probe that
  * measures this CPU's FP32 FMA peak and its read bandwidth (bench_peak.c) with the ISA
- * variants of its inner loops (bench_peak_avx2.c, bench_peak_avx512.c: compiled with their own
- * flags and run only at or below the level of the library's kernels on this machine, which
- * the library has checked against the CPU and the OS), and the shapes and results that
- * bench.c measures and bench_report.c prints.
+ * variants of its inner loops (bench_peak_avx2.c, bench_peak_avx512.c, and the AMX unit's
+ * rate in bench_peak_amx.c: compiled with their own flags and run only at or below the level of the
+ * library's kernels on this machine, which the library has checked against the CPU and the OS), and
+ * the shapes and results that bench.c measures and bench_report.c prints.
  */
 #ifndef SDPA_CLI_BENCH_H
 #define SDPA_CLI_BENCH_H
@@ -25,6 +25,9 @@ typedef struct bench_peak {
     int n_threads;   /* threads that ran the loops at the same time */
     double gflops;   /* best FP32 FMA rate over the trials, 2 FLOP per lane per FMA */
     double read_gbs; /* best rate of reading a buffer far larger than the caches, 1e9 B/s */
+    /* best rate of the AMX unit's TDPBF16PS (2 FLOP per bf16 pair), measured where the
+     * library's kernels run at the AMX level; else NAN (not measured) */
+    double tile_gflops;
 } bench_peak;
 
 /* @return the loop of the probe for a level of the library's kernels: the widest loop at or
@@ -35,8 +38,9 @@ sdpa_isa bench_peak_loop(sdpa_isa level);
 double bench_now_s(void);
 
 /* Measures the FMA peak and read bandwidth with n_threads threads (>= 1) running the loops
- * of `isa` at once (a level the caller knows this CPU runs: see bench_peak_loop). Takes about
- * a second.
+ * of `isa` at once (a level the caller knows this CPU runs: see bench_peak_loop), and at the
+ * AMX level the tile unit's rate too (where this build has the tile loop). Takes about a
+ * second (a second and a half with the tiles).
  * @return 0, or -1 if a thread or the buffer could not be created (message in err, of size
  *         errcap). */
 int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, size_t errcap);
@@ -62,6 +66,9 @@ float bench_fma_avx2(int64_t iters, int64_t *flops_per_iter);
 float bench_read_avx2(const float *p, size_t n);
 float bench_fma_avx512(int64_t iters, int64_t *flops_per_iter);
 float bench_read_avx512(const float *p, size_t n);
+/* The tile loop (bench_peak_amx.c, built with SDPA_HAVE_AMX_PROBE): `iters` iterations of
+ * four independent TDPBF16PS. */
+float bench_tdp_amx(int64_t iters, int64_t *flops_per_iter);
 
 /* ---------------------------------------------------------------------------------------- */
 /* What is timed and what was measured (bench.c fills them, bench_report.c prints them)     */

@@ -4,8 +4,10 @@
  * read as a fraction of what this machine, under today's load, can do at all.
  *
  * The inner loops live in bench_peak_avx512.c and bench_peak_avx2.c (compiled with their own
- * ISA flags, x86 only: SDPA_HAVE_X86) and here (plain C, always built). This file does not
- * probe the CPU: the caller names a level at or below the one the library's kernels run at
+ * ISA flags, x86 only: SDPA_HAVE_X86) and here (plain C, always built). Where the library's
+ * kernels run at the AMX level the probe also times the tile unit (bench_peak_amx.c, built
+ * with the real AMX table: SDPA_HAVE_AMX_PROBE), whose rate the FMA peak does not show. This file
+ * does not probe the CPU: the caller names a level at or below the one the library's kernels run at
  * (sdpa_ctx_isa), and the library has checked that the CPU and the OS support it. The result
  * of a probe is the best of several trials: on a shared machine another process can only make
  * a trial slower, never faster, so the best trial is the closest to the peak.
@@ -17,6 +19,7 @@
 #include "bench.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,6 +222,7 @@ int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, 
     out->n_threads = n;
     out->gflops = 0.0;
     out->read_gbs = 0.0;
+    out->tile_gflops = NAN;
     worker *ws = calloc((size_t)n, sizeof *ws);
     if (ws == NULL) {
         snprintf(err, errcap, "out of memory (%zu bytes for %d workers)", (size_t)n * sizeof *ws,
@@ -256,10 +260,29 @@ int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, 
     }
     const double bytes = best_rate(ws, n, (double)(per * sizeof(float)), READ_TRIAL_S, err, errcap);
     free(buf);
-    free(ws);
-    if (bytes < 0.0)
+    if (bytes < 0.0) {
+        free(ws);
         return -1;
+    }
     out->read_gbs = bytes * 1e-9;
+
+    /* 3. The AMX unit, where the kernels use it: every thread runs the tile loop at once. */
+#if defined(SDPA_HAVE_AMX_PROBE)
+    if (isa == SDPA_ISA_AMX) {
+        for (int i = 0; i < n; i++) {
+            ws[i].run = (loops){bench_tdp_amx, NULL};
+            ws[i].read = 0;
+            ws[i].count = (int64_t)1 << 8;
+        }
+        const double tile = best_rate(ws, n, 0.0, FMA_TRIAL_S, err, errcap);
+        if (tile < 0.0) {
+            free(ws);
+            return -1;
+        }
+        out->tile_gflops = tile * 1e-9;
+    }
+#endif
+    free(ws);
     return 0;
 }
 

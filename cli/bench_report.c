@@ -135,10 +135,18 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
                                               : "");
     fprintf(f,
             "FP32 FMA peak (%s loop, %d thread%s): %.1f GFLOP/s at the start, %.1f at the end; "
-            "DRAM read bandwidth (256 MiB) %.1f / %.1f GB/s\n\n",
+            "DRAM read bandwidth (256 MiB) %.1f / %.1f GB/s\n",
             sdpa_isa_name(ri->peak_start.isa), ri->peak_start.n_threads,
             ri->peak_start.n_threads == 1 ? "" : "s", ri->peak_start.gflops, ri->peak_end.gflops,
             ri->peak_start.read_gbs, ri->peak_end.read_gbs);
+    /* the tile unit has slow phases the FMA peak does not show (bench_peak_amx.c) */
+    if (isfinite(ri->peak_start.tile_gflops) || isfinite(ri->peak_end.tile_gflops))
+        fprintf(f,
+                "AMX tile peak (TDPBF16PS, %d thread%s): %.0f GFLOP/s at the start, %.0f at the "
+                "end\n",
+                ri->peak_start.n_threads, ri->peak_start.n_threads == 1 ? "" : "s",
+                ri->peak_start.tile_gflops, ri->peak_end.tile_gflops);
+    fputc('\n', f);
     if (strcmp(sdpa_isa_name(ri->peak_start.isa), ri->isa) != 0)
         fprintf(f,
                 "note: the peak loop (%s) is below the kernels (%s): %%peak is against a peak "
@@ -216,6 +224,8 @@ static void json_peak(FILE *f, const char *name, const bench_peak *p) {
     json_number(f, p->gflops);
     fputs(", \"read_gbs\": ", f);
     json_number(f, p->read_gbs);
+    fputs(", \"tile_gflops\": ", f); /* null where not measured */
+    json_number(f, p->tile_gflops);
     fputs("}", f);
 }
 
