@@ -72,11 +72,17 @@ def peaks_agree(j, spread):
 
 
 def peak_pair(j):
-    """'start/end' of the FMA peak, and of the tile peak where measured."""
+    """'start/end' of the FMA peak, and of the tile peak where measured ('-' for a missing
+    figure)."""
     p = j["peak"]
-    text = f"{p['start']['fma_gflops']:.0f}/{p['end']['fma_gflops']:.0f}"
-    if p["start"].get("tile_gflops") is not None and p["end"].get("tile_gflops") is not None:
-        text += f" (tiles {p['start']['tile_gflops']:.0f}/{p['end']['tile_gflops']:.0f})"
+
+    def pair(key):
+        return "/".join("-" if p[w].get(key) is None else f"{p[w][key]:.0f}"
+                        for w in ("start", "end"))
+
+    text = pair("fma_gflops")
+    if p["start"].get("tile_gflops") is not None or p["end"].get("tile_gflops") is not None:
+        text += f" (tiles {pair('tile_gflops')})"
     return text
 
 
@@ -89,8 +95,9 @@ def main():
     ap.add_argument("--preset", default="full", choices=["quick", "full", "decode"])
     ap.add_argument("--shape", action="append", default=[], help="as sdpa bench --shape")
     ap.add_argument("--peak-spread", type=float, default=None,
-                    help="drop a round whose FMA peaks differ by more than this fraction "
-                         "(default 0.10; off for --preset decode and --bandwidth)")
+                    help="drop a round whose FMA peaks, or AMX tile peaks where measured, "
+                         "differ by more than this fraction (default 0.10; off for --preset "
+                         "decode and --bandwidth)")
     ap.add_argument("--bandwidth", action="store_true",
                     help="compare GB/s and %%bw instead of GFLOP/s and %%peak")
     ap.add_argument("--min-time", help="as sdpa bench --min-time")

@@ -100,9 +100,10 @@ static const char help_figures[] =
     "kernels' under SDPA_MAX_ISA, which the header then says), and the loop of the peak probe:\n"
     "compare a %peak only with figures of the same CPU, kernels and peak loop. The JSON holds\n"
     "the same as cpu_model, cpu_family, cpu_model_number, cache_kib, cpu_isa, isa, kernel and\n"
-    "peak.*.isa. Where the kernels run on an AMX unit (isa amx) the probe also times its\n"
-    "TDPBF16PS at the start and the end (peak.*.tile_gflops): the unit has slow phases that\n"
-    "the FMA peak does not show, so read a bf16 figure next to it.\n"
+    "peak.*.isa. Where a shape is a bf16 forward and the kernels run on an AMX unit (isa amx,\n"
+    "not an emulated build) the probe also times its TDPBF16PS at the start and the end\n"
+    "(AMX tile peak; peak.*.tile_gflops, else null): the unit has slow phases that the FMA\n"
+    "peak does not show, so read a bf16 figure next to it.\n"
     "\n"
     "Figures:\n"
     "  dtype       Q and O's dtype, then /K and V's where they differ (f32/f16)\n"
@@ -770,11 +771,12 @@ done:
 static int measure_peak(const bench_run *ri, sdpa_isa isa, const char *when, bench_peak *out,
                         int tty) {
     if (tty) {
-        fprintf(stderr, "\r\033[Kmeasuring the FMA peak and read bandwidth (%s)", when);
+        fprintf(stderr, "\r\033[Kmeasuring the FMA peak%s and read bandwidth (%s)",
+                ri->tiles ? ", the AMX tile peak" : "", when);
         fflush(stderr);
     }
     char err[160];
-    if (bench_peak_measure(ri->n_threads, isa, out, err, sizeof err) != 0) {
+    if (bench_peak_measure(ri->n_threads, isa, ri->tiles, out, err, sizeof err) != 0) {
         if (tty)
             fputs("\r\033[K", stderr);
         fprintf(stderr, "sdpa bench: %s\n", err);
@@ -788,7 +790,8 @@ static int measure_peak(const bench_run *ri, sdpa_isa isa, const char *when, ben
  * one, since the library has checked that the CPU and the OS run that level and no other
  * part of the command asks the CPU. @return CLI_OK and fills ri and *peak_isa, or the exit
  * code (message printed). */
-static int probe_library(const options *o, bench_run *ri, sdpa_isa *peak_isa) {
+static int probe_library(const options *o, const bench_shape *shapes, int n_shapes, bench_run *ri,
+                         sdpa_isa *peak_isa) {
     sdpa_ctx_params cp = {0};
     cp.n_threads = o->n_threads;
     sdpa_ctx *probe = NULL;
@@ -813,9 +816,14 @@ static int probe_library(const options *o, bench_run *ri, sdpa_isa *peak_isa) {
                 sdpa_isa_name(o->peak_isa), ri->isa);
         return CLI_RUNTIME;
     }
-    /* (the probe takes the widest loop at or below it; at the AMX level it times the tile
-     * unit too) */
-    *peak_isa = o->peak_isa == SDPA_ISA_AUTO ? level : o->peak_isa;
+    *peak_isa = o->peak_isa == SDPA_ISA_AUTO ? bench_peak_loop(level) : o->peak_isa;
+    /* The tile unit is timed where the kernels use it: at the AMX level, whose table takes
+     * the forward of bf16 problems alone (Q, K and V bf16). */
+    ri->tiles = 0;
+    if (level == SDPA_ISA_AMX && !o->backward)
+        for (int i = 0; i < n_shapes; i++)
+            if (shapes[i].dtype == SDPA_BF16 && shapes[i].kv_dtype == SDPA_BF16)
+                ri->tiles = 1;
     return CLI_OK;
 }
 
@@ -860,7 +868,7 @@ int cli_bench(int argc, char **argv) {
     bench_run ri;
     memset(&ri, 0, sizeof ri);
     sdpa_isa peak_isa = SDPA_ISA_GENERIC;
-    int rc = probe_library(&o, &ri, &peak_isa);
+    int rc = probe_library(&o, shapes, n_shapes, &ri, &peak_isa);
     if (rc != CLI_OK)
         return rc;
 

@@ -25,8 +25,8 @@ typedef struct bench_peak {
     int n_threads;   /* threads that ran the loops at the same time */
     double gflops;   /* best FP32 FMA rate over the trials, 2 FLOP per lane per FMA */
     double read_gbs; /* best rate of reading a buffer far larger than the caches, 1e9 B/s */
-    /* best rate of the AMX unit's TDPBF16PS (2 FLOP per bf16 pair), measured where the
-     * library's kernels run at the AMX level; else NAN (not measured) */
+    /* best rate of the AMX unit's TDPBF16PS (2 FLOP per bf16 multiply-add) with every thread
+     * at once, where the run times the unit's work (bench_run.tiles); else NAN */
     double tile_gflops;
 } bench_peak;
 
@@ -38,12 +38,14 @@ sdpa_isa bench_peak_loop(sdpa_isa level);
 double bench_now_s(void);
 
 /* Measures the FMA peak and read bandwidth with n_threads threads (>= 1) running the loops
- * of `isa` at once (a level the caller knows this CPU runs: see bench_peak_loop), and at the
- * AMX level the tile unit's rate too (where this build has the tile loop). Takes about a
- * second (a second and a half with the tiles).
+ * of `isa` at once (a level the caller knows this CPU runs: see bench_peak_loop), and with
+ * `tiles` the AMX unit's rate too (where this build has the tile loop: the caller asks only
+ * when the library's kernels run at the AMX level, so the CPU and the OS let it run). Takes
+ * about a second (a second and a half with the tiles).
  * @return 0, or -1 if a thread or the buffer could not be created (message in err, of size
  *         errcap). */
-int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, size_t errcap);
+int bench_peak_measure(int n_threads, sdpa_isa isa, int tiles, bench_peak *out, char *err,
+                       size_t errcap);
 
 /* Measures the read bandwidth at one working-set size: n_threads threads (>= 1) running the
  * read loop of `isa` at once, each over its own slice of buf again and again (the best of
@@ -118,6 +120,9 @@ typedef struct bench_run {
     float softcap;      /* every shape's softcap (0: off) */
     int alibi;          /* every shape with ALiBi's standard slopes */
     int n_threads;
+    /* the probe times the AMX unit too: the kernels run at the AMX level (whose table takes
+     * bf16 forwards alone) and a shape is a bf16 forward */
+    int tiles;
     const char *isa;     /* sdpa_isa_name(sdpa_ctx_isa()): the level of the kernels that run */
     const char *kernel;  /* sdpa_ctx_kernel(): the implementation that runs */
     char describe[2048]; /* sdpa_ctx_describe(): the dispatch and the kernels available */

@@ -216,7 +216,8 @@ static double best_rate(worker *ws, int n, double unit_per_count, double target,
     return best;
 }
 
-int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, size_t errcap) {
+int bench_peak_measure(int n_threads, sdpa_isa isa, int tiles, bench_peak *out, char *err,
+                       size_t errcap) {
     const int n = n_threads < 1 ? 1 : n_threads;
     out->isa = bench_peak_loop(isa);
     out->n_threads = n;
@@ -266,12 +267,15 @@ int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, 
     }
     out->read_gbs = bytes * 1e-9;
 
-    /* 3. The AMX unit, where the kernels use it: every thread runs the tile loop at once. */
+    /* 3. The AMX unit, where the run times its work: every thread runs the tile loop at
+     * once, so the rate is n times the slowest thread's. */
 #if defined(SDPA_HAVE_AMX_PROBE)
-    if (isa == SDPA_ISA_AMX) {
+    if (tiles) {
         for (int i = 0; i < n; i++) {
             ws[i].run = (loops){bench_tdp_amx, NULL};
             ws[i].read = 0;
+            ws[i].p = NULL;
+            ws[i].n = 0;
             ws[i].count = (int64_t)1 << 8;
         }
         const double tile = best_rate(ws, n, 0.0, FMA_TRIAL_S, err, errcap);
@@ -281,6 +285,8 @@ int bench_peak_measure(int n_threads, sdpa_isa isa, bench_peak *out, char *err, 
         }
         out->tile_gflops = tile * 1e-9;
     }
+#else
+    (void)tiles;
 #endif
     free(ws);
     return 0;

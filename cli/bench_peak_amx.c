@@ -3,8 +3,8 @@
  * TDPBF16PS, which the bf16 forward of flash-amx spends its products on. This file alone is
  * compiled with -mamx-tile -mamx-bf16, and only where the library's AMX table is built with
  * the real instructions (not SDPA_AMX_EMULATE); bench_peak.c calls it only when the library's
- * kernels run at the AMX level, so the CPU has the unit and Linux has granted this process
- * its tile data (sdpa_ctx_create asks).
+ * kernels run at the AMX level (and a shape is a bf16 forward), so the CPU has the unit and
+ * Linux has granted this process its tile data (sdpa_ctx_create asks).
  *
  * The FMA peak does not stand for the unit: on a shared Intel Xeon (model 207) the unit of
  * one vCPU ran 2.2-2.4 times slower for minutes at a time while the FMAs kept their rate
@@ -64,6 +64,7 @@ float bench_tdp_amx(int64_t iters, int64_t *flops_per_iter) {
     }
     _tile_stored(0, out, TBYTES);
     _tile_release();
-    *flops_per_iter = 4 * TROWS * TROWS * 32 * 2; /* products x (16 x 16 x 32 pairs) x 2 */
+    /* 4 products x 16 x 16 outputs x 32 multiply-adds x 2 FLOP */
+    *flops_per_iter = 4 * TROWS * TROWS * 32 * 2;
     return out[0];
 }

@@ -789,13 +789,12 @@ def print_peak(sdpa, peak, round_sdpa):
                              fmt(x["peak"]["end"]["fma_gflops"])) for x in round_sdpa))
     # the AMX unit's rate, which sdpa bench measures where its kernels run on the unit (it has
     # slow phases of its own, which the FMA peak does not show)
-    tiles = [x for x in (round_sdpa or [sdpa])
-             if x["peak"]["start"].get("tile_gflops") is not None]
-    if tiles:
+    runs = round_sdpa or [sdpa]
+    if any(x["peak"][w].get("tile_gflops") is not None for x in runs for w in ("start", "end")):
         print("AMX tile peak of %s sdpa bench, start/end: %s" % (
             "each round's" if round_sdpa else "the", ", ".join(
-                "%s/%s" % (fmt(x["peak"]["start"]["tile_gflops"]),
-                           fmt(x["peak"]["end"]["tile_gflops"])) for x in tiles)))
+                "%s/%s" % (fmt(x["peak"]["start"].get("tile_gflops"), "%.0f"),
+                           fmt(x["peak"]["end"].get("tile_gflops"), "%.0f")) for x in runs)))
 
 
 def print_round_ratios(rounds):

@@ -113,6 +113,7 @@ static void emu_dp(int c, int a, int b) {
 #else
 
 /* Every tile 16 rows (TROWS) of 64 bytes (TBYTES). */
+_Static_assert(TROWS == 16 && TBYTES == 64, "tile_config.h configures 16 rows of 64 bytes");
 static void tiles_begin(void) {
     sdpa__tile_config c;
     sdpa__tile_config_full(&c);
