@@ -114,6 +114,8 @@ static const char help_figures[] =
     "              causal only the pairs the mask lets through are counted, exactly (top-left\n"
     "              with Lq = Lk: L(L+1)/2). The same count for every dtype.\n"
     "  %peak       GFLOP/s / the higher of the two FP32 FMA peaks measured in this run\n"
+    "  %tile       where the AMX unit is timed, a bf16 shape's GFLOP/s / the higher of the\n"
+    "              two AMX tile peaks (pct_tile_peak in the JSON)\n"
     "  GB/s        bytes of K and V / median time: 2 * B * Hkv * Lk * D * (2 for f16 and\n"
     "              bf16, 4 for f32) bytes (KV MB), the figure that matters for decode (Lq = 1),\n"
     "              where a call reads the cache once\n"
@@ -921,6 +923,7 @@ int cli_bench(int argc, char **argv) {
         goto done;
     ri.peak_gflops = fmax(ri.peak_start.gflops, ri.peak_end.gflops);
     ri.peak_gbs = fmax(ri.peak_start.read_gbs, ri.peak_end.read_gbs);
+    ri.peak_tile_gflops = fmax(ri.peak_start.tile_gflops, ri.peak_end.tile_gflops); /* or NAN */
     bench_print_table(stdout, &ri, rs, n_shapes);
     ja.rs = rs;
     ja.n = n_shapes;

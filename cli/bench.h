@@ -136,6 +136,7 @@ typedef struct bench_run {
     bench_peak peak_start, peak_end;
     double peak_gflops, peak_gbs; /* the higher of start and end: %peak's denominator, and
                                      the DRAM figure beside each shape's own %bw */
+    double peak_tile_gflops;      /* the higher tile peak (%tile's denominator); NAN if none */
 } bench_run;
 
 /* @return "none", "causal" or "causal-br" (the names --shape accepts). */

@@ -124,6 +124,14 @@ static double ratio(double x, double of) {
     return of > 0.0 ? x / of : NAN;
 }
 
+/* GFLOP/s of a bf16 forward over the higher tile peak (the unit's own rate, where the run
+ * measured it), in %; NAN for another shape or where there is no tile peak. */
+static double pct_tile(const bench_run *ri, const bench_result *r) {
+    if (ri->backward || r->s.dtype != SDPA_BF16 || r->s.kv_dtype != SDPA_BF16)
+        return NAN;
+    return 100.0 * ratio(r->flops / r->t_med * 1e-9, ri->peak_tile_gflops);
+}
+
 void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int n) {
     fprintf(f, "sdpa bench: sdpa %s, kernel %s (isa %s), %d thread%s, %s\n", sdpa_version(),
             ri->kernel, ri->isa, ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->date);
@@ -158,22 +166,30 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
         fprintf(f, "ALiBi (the standard slopes) at every shape\n");
     if (ri->backward)
         fprintf(f, "sdpa_backward (FLOP = 2.5 x the forward's):\n");
-    fprintf(f, "%3s %6s %6s %6s %5s %-10s %-9s %5s %10s %10s %10s %9s %6s %8s %8s %8s %6s %9s%s\n",
+    const int tiles = isfinite(ri->peak_tile_gflops); /* a %tile column */
+    fprintf(f,
+            "%3s %6s %6s %6s %5s %-10s %-9s %5s %10s %10s %10s %9s %6s%s %8s %8s %8s %6s %9s%s\n",
             "B", "H", "Lq", "Lk", "D", "mask", "dtype", "reps", "median ms", "min ms", "max ms",
-            "GFLOP/s", "%peak", "GB/s", "KV MB", "rd GB/s", "%bw", "extra MB",
-            ri->backward ? "  bwd/fwd" : "");
+            "GFLOP/s", "%peak", tiles ? "  %tile" : "", "GB/s", "KV MB", "rd GB/s", "%bw",
+            "extra MB", ri->backward ? "  bwd/fwd" : "");
     for (int i = 0; i < n; i++) {
         const bench_result *r = &rs[i];
         char h[48], dt[16];
         heads_spec(&r->s, h, sizeof h);
         const double gflops = r->flops / r->t_med * 1e-9, gbs = r->kv_bytes / r->t_med * 1e-9;
-        fprintf(f,
-                "%3lld %6s %6lld %6lld %5lld %-10s %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%% "
-                "%8.2f %8.1f %8.2f %5.1f%% %9.3f",
+        fprintf(f, "%3lld %6s %6lld %6lld %5lld %-10s %-9s %5d %10.3f %10.3f %10.3f %9.2f %5.1f%%",
                 (long long)r->s.b, h, (long long)r->s.lq, (long long)r->s.lk, (long long)r->s.d,
                 bench_mask_name(r->s.mask), bench_dtype_spec(&r->s, dt, sizeof dt), r->reps,
                 r->t_med * 1e3, r->t_min * 1e3, r->t_max * 1e3, gflops,
-                100.0 * ratio(gflops, ri->peak_gflops), gbs, r->kv_bytes / 1e6, r->ws_gbs,
+                100.0 * ratio(gflops, ri->peak_gflops));
+        if (tiles) {
+            const double pt = pct_tile(ri, r);
+            if (isfinite(pt))
+                fprintf(f, " %5.1f%%", pt);
+            else
+                fprintf(f, " %6s", "-");
+        }
+        fprintf(f, " %8.2f %8.1f %8.2f %5.1f%% %9.3f", gbs, r->kv_bytes / 1e6, r->ws_gbs,
                 100.0 * ratio(gbs, r->ws_gbs), (double)r->extra_bytes / 1e6);
         if (ri->backward)
             fprintf(f, " %8.2f", ratio(r->t_med, r->t_fwd_med));
@@ -181,12 +197,13 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
     }
     fprintf(f,
             "\nGFLOP/s = %s*B*Hq*D*(visible pairs) / median; %%peak against the higher of the two "
-            "FMA peaks%s.\n"
+            "FMA peaks%s%s.\n"
             "dtype = Q and O[/K and V]. GB/s = K and V bytes (KV MB, in the K/V dtype) / median.\n"
             "rd GB/s = %d thread%s reading that K and V buffer again and again, right before and "
             "right after the shape\n(the higher), so that a cache that fits in L2 or L3 is "
             "compared with the bandwidth of that level; %%bw = GB/s / rd GB/s.\n",
             ri->backward ? "10" : "4",
+            tiles ? ", %tile (bf16 shapes) against the higher of the two AMX tile peaks" : "",
             ri->backward ? "; bwd/fwd = backward median / forward median, timed alternately" : "",
             ri->n_threads, ri->n_threads == 1 ? "" : "s");
 }
@@ -317,6 +334,8 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
         json_number(f, r->flops / r->t_min * 1e-9);
         fputs(", \"pct_peak\": ", f);
         json_number(f, 100.0 * ratio(gflops, ri->peak_gflops));
+        fputs(", \"pct_tile_peak\": ", f); /* null where not measured, or not bf16 */
+        json_number(f, pct_tile(ri, r));
         fputs(",\n     \"gbs\": ", f);
         json_number(f, gbs);
         fprintf(f, ", \"read_bw\": {\"bytes\": %zu, \"threads\": %d, \"before_gbs\": ", r->ws_bytes,

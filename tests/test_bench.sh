@@ -45,9 +45,14 @@ assert levels.index(j["isa"]) <= levels.index(j["cpu_isa"]), (j["isa"], j["cpu_i
 assert set(j["cache_kib"]) == {"l1d", "l2", "l3"}
 # no shape is a bf16 forward: the AMX unit is not timed, whatever the kernels
 assert all(j["peak"][w]["tile_gflops"] is None for w in ("start", "end")), j["peak"]
+assert all(x["pct_tile_peak"] is None for x in s), [x["pct_tile_peak"] for x in s]
 PY
 then ok json_fields; else fail json_fields; fi
-if ! grep -q 'AMX tile peak' "$tmp/out"; then ok no_tile_peak_line; else fail no_tile_peak_line; fi
+if ! grep -q 'AMX tile peak' "$tmp/out" && ! grep -q '%tile' "$tmp/out"; then
+  ok no_tile_peak_line
+else
+  fail no_tile_peak_line
+fi
 
 if grep -Eq '^ +1 +1 +16 +16 +8 +none' "$tmp/out"; then ok table_row; else fail table_row; fi
 
@@ -133,7 +138,8 @@ check bad_json_dir 1 -- --shape 1,1,4,4,4 --json "$tmp/no/such/dir/x.json"
 check bad_peak_isa 2 -- --peak-isa sse
 # A bf16 forward: the AMX unit's rate is measured where the kernels run on a real unit (not
 # an emulated one), and only there; the header names it then.
-check tiles 0 -- --shape 1,1,32,32,32,bf16 --reps 1 --min-time 0.1 --threads 1 --json "$tmp/t.json"
+check tiles 0 -- --shape 1,1,32,32,32,bf16 --shape 1,1,8,8,4 --reps 1 --min-time 0.1 --threads 1 \
+  --json "$tmp/t.json"
 if python3 - "$tmp/t.json" "$tmp/out" <<'PY'
 import json, re, sys
 j = json.load(open(sys.argv[1]))
@@ -141,9 +147,20 @@ real_amx = j["isa"] == "amx" and not j["kernel"].endswith("emulated")
 for when in ("start", "end"):
     tile = j["peak"][when]["tile_gflops"]
     assert (tile > 0) if real_amx else (tile is None), (j["kernel"], when, tile)
+out = open(sys.argv[2]).read()
 line = re.search(r"^AMX tile peak \(TDPBF16PS, 1 thread\): [0-9]+ GFLOP/s at the start, "
-                 r"[0-9]+ at the end$", open(sys.argv[2]).read(), re.M)
+                 r"[0-9]+ at the end$", out, re.M)
 assert (line is not None) == real_amx, (real_amx, line)
+# %tile: the bf16 forward's GFLOP/s over the higher tile peak; none for the f32 shape
+bf16, f32 = j["shapes"]
+peak = max(j["peak"][w]["tile_gflops"] or 0 for w in ("start", "end"))
+if real_amx:
+    assert abs(bf16["pct_tile_peak"] - 100 * bf16["gflops"] / peak) < 1e-6 * bf16["pct_tile_peak"]
+    assert re.search(r"%peak +%tile +GB/s", out) and re.search(r" 32 none +bf16 .*% +[0-9.]+% ", out)
+    assert re.search(r" 4 none +f32 .*% +- ", out), out
+else:
+    assert bf16["pct_tile_peak"] is None and "%tile" not in out
+assert f32["pct_tile_peak"] is None
 PY
 then ok tile_peak; else fail tile_peak; fi
 # The peak probe follows the library's level: the generic loop on request, and a level above
