@@ -100,10 +100,10 @@ static const char help_figures[] =
     "kernels' under SDPA_MAX_ISA, which the header then says), and the loop of the peak probe:\n"
     "compare a %peak only with figures of the same CPU, kernels and peak loop. The JSON holds\n"
     "the same as cpu_model, cpu_family, cpu_model_number, cache_kib, cpu_isa, isa, kernel and\n"
-    "peak.*.isa. Where a shape is a bf16 forward and the kernels run on an AMX unit (isa amx,\n"
-    "not an emulated build) the probe also times its TDPBF16PS at the start and the end\n"
-    "(AMX tile peak; peak.*.tile_gflops, else null): the unit has slow phases that the FMA\n"
-    "peak does not show, so read a bf16 figure next to it.\n"
+    "peak.*.isa. Where the kernels run on an AMX unit (isa amx, not an emulated build) and\n"
+    "it takes a shape's forward (see %tile), the probe also times its TDPBF16PS at the start\n"
+    "and the end (AMX tile peak; peak.*.tile_gflops, else null): the unit has slow phases\n"
+    "that the FMA peak does not show, so read such a figure next to it.\n"
     "\n"
     "Figures:\n"
     "  dtype       Q and O's dtype, then /K and V's where they differ (f32/f16)\n"
@@ -114,8 +114,9 @@ static const char help_figures[] =
     "              causal only the pairs the mask lets through are counted, exactly (top-left\n"
     "              with Lq = Lk: L(L+1)/2). The same count for every dtype.\n"
     "  %peak       GFLOP/s / the higher of the two FP32 FMA peaks measured in this run\n"
-    "  %tile       where the AMX unit is timed, a bf16 shape's GFLOP/s / the higher of the\n"
-    "              two AMX tile peaks (pct_tile_peak in the JSON)\n"
+    "  %tile       where the AMX unit is timed, GFLOP/s / the higher of the two AMX tile\n"
+    "              peaks for each shape the unit takes (Q, K and V bf16, D a multiple of 32\n"
+    "              up to 256); pct_tile_peak in the JSON\n"
     "  GB/s        bytes of K and V / median time: 2 * B * Hkv * Lk * D * (2 for f16 and\n"
     "              bf16, 4 for f32) bytes (KV MB), the figure that matters for decode (Lq = 1),\n"
     "              where a call reads the cache once\n"
@@ -820,11 +821,11 @@ static int probe_library(const options *o, const bench_shape *shapes, int n_shap
     }
     *peak_isa = o->peak_isa == SDPA_ISA_AUTO ? bench_peak_loop(level) : o->peak_isa;
     /* The tile unit is timed where the kernels use it: at the AMX level, whose table takes
-     * the forward of bf16 problems alone (Q, K and V bf16). */
+     * the forward of bf16 problems alone (bench_shape_on_tiles). */
     ri->tiles = 0;
     if (level == SDPA_ISA_AMX && !o->backward)
         for (int i = 0; i < n_shapes; i++)
-            if (shapes[i].dtype == SDPA_BF16 && shapes[i].kv_dtype == SDPA_BF16)
+            if (bench_shape_on_tiles(&shapes[i]))
                 ri->tiles = 1;
     return CLI_OK;
 }

@@ -124,10 +124,14 @@ static double ratio(double x, double of) {
     return of > 0.0 ? x / of : NAN;
 }
 
-/* GFLOP/s of a bf16 forward over the higher tile peak (the unit's own rate, where the run
- * measured it), in %; NAN for another shape or where there is no tile peak. */
+int bench_shape_on_tiles(const bench_shape *s) {
+    return s->dtype == SDPA_BF16 && s->kv_dtype == SDPA_BF16 && s->d % 32 == 0 && s->d <= 256;
+}
+
+/* GFLOP/s of a forward the AMX table takes over the higher tile peak (the unit's own rate,
+ * where the run measured it), in %; NAN for another shape or where there is no tile peak. */
 static double pct_tile(const bench_run *ri, const bench_result *r) {
-    if (ri->backward || r->s.dtype != SDPA_BF16 || r->s.kv_dtype != SDPA_BF16)
+    if (ri->backward || !bench_shape_on_tiles(&r->s))
         return NAN;
     return 100.0 * ratio(r->flops / r->t_med * 1e-9, ri->peak_tile_gflops);
 }
@@ -203,7 +207,9 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
             "right after the shape\n(the higher), so that a cache that fits in L2 or L3 is "
             "compared with the bandwidth of that level; %%bw = GB/s / rd GB/s.\n",
             ri->backward ? "10" : "4",
-            tiles ? ", %tile (bf16 shapes) against the higher of the two AMX tile peaks" : "",
+            tiles ? ", %tile (the shapes the AMX unit takes) against the higher of the two AMX "
+                    "tile peaks"
+                  : "",
             ri->backward ? "; bwd/fwd = backward median / forward median, timed alternately" : "",
             ri->n_threads, ri->n_threads == 1 ? "" : "s");
 }

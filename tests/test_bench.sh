@@ -138,8 +138,8 @@ check bad_json_dir 1 -- --shape 1,1,4,4,4 --json "$tmp/no/such/dir/x.json"
 check bad_peak_isa 2 -- --peak-isa sse
 # A bf16 forward: the AMX unit's rate is measured where the kernels run on a real unit (not
 # an emulated one), and only there; the header names it then.
-check tiles 0 -- --shape 1,1,32,32,32,bf16 --shape 1,1,8,8,4 --reps 1 --min-time 0.1 --threads 1 \
-  --json "$tmp/t.json"
+check tiles 0 -- --shape 1,1,32,32,32,bf16 --shape 1,1,32,32,32,bf16/f32 --reps 1 \
+  --min-time 0.1 --threads 1 --json "$tmp/t.json"
 if python3 - "$tmp/t.json" "$tmp/out" <<'PY'
 import json, re, sys
 j = json.load(open(sys.argv[1]))
@@ -151,16 +151,17 @@ out = open(sys.argv[2]).read()
 line = re.search(r"^AMX tile peak \(TDPBF16PS, 1 thread\): [0-9]+ GFLOP/s at the start, "
                  r"[0-9]+ at the end$", out, re.M)
 assert (line is not None) == real_amx, (real_amx, line)
-# %tile: the bf16 forward's GFLOP/s over the higher tile peak; none for the f32 shape
-bf16, f32 = j["shapes"]
+# %tile: the bf16 forward's GFLOP/s over the higher tile peak; none for the shape with an f32
+# K and V, which the AMX table does not take
+bf16, mixed = j["shapes"]
 peak = max(j["peak"][w]["tile_gflops"] or 0 for w in ("start", "end"))
 if real_amx:
     assert abs(bf16["pct_tile_peak"] - 100 * bf16["gflops"] / peak) < 1e-6 * bf16["pct_tile_peak"]
     assert re.search(r"%peak +%tile +GB/s", out) and re.search(r" 32 none +bf16 .*% +[0-9.]+% ", out)
-    assert re.search(r" 4 none +f32 .*% +- ", out), out
+    assert re.search(r" 32 none +bf16/f32 .*% +- ", out), out
 else:
     assert bf16["pct_tile_peak"] is None and "%tile" not in out
-assert f32["pct_tile_peak"] is None
+assert mixed["pct_tile_peak"] is None
 PY
 then ok tile_peak; else fail tile_peak; fi
 # The peak probe follows the library's level: the generic loop on request, and a level above
@@ -199,6 +200,15 @@ if python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["peak"]; assert p
   ok capped_no_tile_peak
 else
   fail capped_no_tile_peak
+fi
+# nor a bf16 shape whose D the AMX table does not take (a multiple of 32, up to 256)
+check d16_no_tiles 0 -- --shape 1,1,32,32,16,bf16 --reps 1 --min-time 0.1 --threads 1 \
+  --json "$tmp/d16.json"
+if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); p=j["peak"]; assert p["start"]["tile_gflops"] is None and j["shapes"][0]["pct_tile_peak"] is None' \
+  "$tmp/d16.json" 2>/dev/null && ! grep -q '%tile' "$tmp/out"; then
+  ok d16_no_tile_peak
+else
+  fail d16_no_tile_peak
 fi
 check backward_no_tiles 0 -- --backward --shape 1,1,32,32,32,bf16 --reps 1 --min-time 0.1 \
   --threads 1 --json "$tmp/bt.json"
