@@ -5,10 +5,11 @@
  *
  * The inner loops live in bench_peak_avx512.c and bench_peak_avx2.c (compiled with their own
  * ISA flags, x86 only: SDPA_HAVE_X86) and here (plain C, always built). Where the library's
- * kernels run at the AMX level the probe also times the tile unit (bench_peak_amx.c, built
- * with the real AMX table: SDPA_HAVE_AMX_PROBE), whose rate the FMA peak does not show. This file
- * does not probe the CPU: the caller names a level at or below the one the library's kernels run at
- * (sdpa_ctx_isa), and the library has checked that the CPU and the OS support it. The result
+ * kernels run at the AMX level and the run times a shape its table takes, the probe also
+ * times the tile unit (bench_peak_amx.c, built with the real AMX table: SDPA_HAVE_AMX_PROBE),
+ * whose rate the FMA peak does not show. This file does not probe the CPU: the caller names a
+ * level at or below the one the library's kernels run at (sdpa_ctx_isa), and the library has
+ * checked that the CPU and the OS support it. The result
  * of a probe is the best of several trials: on a shared machine another process can only make
  * a trial slower, never faster, so the best trial is the closest to the peak.
  *
