@@ -340,7 +340,8 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
         json_number(f, r->flops / r->t_min * 1e-9);
         fputs(", \"pct_peak\": ", f);
         json_number(f, 100.0 * ratio(gflops, ri->peak_gflops));
-        fputs(", \"pct_tile_peak\": ", f); /* null where not measured, or not bf16 */
+        /* null where the unit was not timed, or for a shape it does not take */
+        fputs(", \"pct_tile_peak\": ", f);
         json_number(f, pct_tile(ri, r));
         fputs(",\n     \"gbs\": ", f);
         json_number(f, gbs);
