@@ -121,7 +121,8 @@ static void check_softmax_exp(const sdpa__ukernels *uk, const char *which, softm
 /* softmax_bf16p against softmax over a slice of random scores across steps, with hidden keys
  * in some row blocks only (so that both of a table's ways through a block are compared):
  * m, alpha, the hidden keys' marks, the +0 floor and the return value bitwise the same, the
- * weights and l within 5e-7 relative (each exp within 3 ulp). */
+ * weights and l within 1e-5 relative (each exp within 2^-16 of softmax's, itself within 2
+ * ulp). */
 static void check_softmax_bf16p(const sdpa__ukernels *uk) {
     enum { NK = 37, NR = 64 };
     static float s0[NK * NR], s1[NK * NR], m0[NR], m1[NR], l0[NR], l1[NR], a0[NR], a1[NR];
@@ -160,7 +161,7 @@ static void check_softmax_bf16p(const sdpa__ukernels *uk) {
         printf("    %-8s softmax_bf16p against softmax, step %d: worst %.2e relative (%d zero "
                "weights, hidden %d)\n",
                uk->name, step, worst, zeros, h0);
-        CHECK_MSG(worst <= 5e-7, "%s softmax_bf16p: %.2e relative from softmax", uk->name, worst);
+        CHECK_MSG(worst <= 1e-5, "%s softmax_bf16p: %.2e relative from softmax", uk->name, worst);
     }
 }
 
@@ -176,7 +177,8 @@ static void test_exp_accuracy(void) {
         }
         check_softmax_exp(uk, "softmax", uk->softmax, 2.0);
         if (uk->softmax_bf16p != NULL) {
-            check_softmax_exp(uk, "softmax_bf16p", uk->softmax_bf16p, 3.0);
+            /* 2^-16 relative at most (ukernels.h); the AVX-512 table's reaches 63.5 ulp */
+            check_softmax_exp(uk, "softmax_bf16p", uk->softmax_bf16p, 128.0);
             check_softmax_bf16p(uk);
         }
     }

@@ -83,8 +83,8 @@ typedef struct sdpa__ukernels {
                        float *alpha);
     /* Optional (NULL: not offered), softmax for weights that are rounded to bf16 next (a matrix
      * unit's P V): the same contract, m, alpha, the -0.0 marks and the floor bitwise
-     * softmax's, the weights (and so l) by a cheaper exp, within 3 ulp of exp(x) where
-     * softmax's may be more exact. */
+     * softmax's, the weights (and so l) by a cheaper exp, within 2^-16 relative of exp(x)
+     * (128 ulp; a 128th of the bf16 rounding that follows) where softmax's is more exact. */
     int (*softmax_bf16p)(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
                          float *alpha);
     /* The backward's weights, recomputed from the forward's log-sum-exp u (one per row): for

@@ -434,25 +434,26 @@ static void qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, con
 /* exp(x) * 2^WEIGHT_EXP2 for weights that are rounded to bf16 next (softmax_bf16p), in the
  * lanes outside `hide`, v in those; +0 below -104, as exp512. 2^(x log2 e) is split as 2^n 2^f
  * with n = round(x log2 e) by the shifter (one add; round to nearest) and f = x log2 e - n by
- * two FMAs (log2 e in two f32 parts: in one, f would be off by up to |x| 2e-8, 1.4e-6 of the
- * result at x = -104); 2^f, |f| <= 1/2, by a degree-5 polynomial (its constant 1, so that
- * exp(0), the row's best key, is 1 exactly as exp512 gives it; the others fitted for relative
- * error on [-1/2, 1/2], 1.1e-7 there; scaled by 2^WEIGHT_EXP2, exactly) and 2^n applied by
- * vscalefps. Within 2.3 ulp on [-104, 0] (exp512: 0.9; over a million random x), in thirteen
- * vector instructions against exp512's sixteen (of which vrndscaleps is two micro-ops). */
+ * one FMA with log2 e in f32 (off by up to |x| 1.9e-8, 1.4e-6 of the result at x = -104);
+ * 2^f, |f| <= 1/2, by a degree-4 polynomial (its constant 1, so that exp(0), the row's best
+ * key, is 1 exactly as exp512 gives it; the others fitted for relative error on [-1/2, 1/2]
+ * by tools/fit_exp2.py 4, 2.8e-6 there; scaled by 2^WEIGHT_EXP2, exactly) and 2^n applied by
+ * vscalefps, whose mask gives +0 below -104 (whatever n and f are there). Within 4.5e-6 relative of
+ * exp(x) on
+ * [-104, 0] (a million random x), which rounding to bf16 (2^-9 relative) hides 400 times
+ * over; ten vector instructions against exp512's sixteen. (With log2 e in two parts and degree
+ * 5, 2.3 ulp: the weight of a key cost 1.5-2 TSC cycles more per 16 rows, bench/mx_kernels.c, an
+ * Intel Xeon with AMX.) */
 INLINE __m512 exp512_bf16p(__m512 x, __mmask16 hide, __m512 v) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
-    x = _mm512_maskz_mov_ps((__mmask16)~under, x); /* NaN x stays NaN */
     const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shifter = _mm512_set1_ps(0x1.8p23f);
     const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, log2e, shifter), shifter);
-    const __m512 f =
-        _mm512_fmadd_ps(x, _mm512_set1_ps(1.925963033500e-8f), _mm512_fmsub_ps(x, log2e, n));
-    const float e = 0x1p25f; /* 2^WEIGHT_EXP2 */
-    __m512 p = _mm512_set1_ps(0x1.5bba14p-10f * e);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.3cea88p-7f * e));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.c6b752p-5f * e));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.ebf9bcp-3f * e));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.62e42ap-1f * e));
+    const __m512 f = _mm512_fmsub_ps(x, log2e, n); /* NaN x: NaN f, n and result */
+    const float e = 0x1p25f;                       /* 2^WEIGHT_EXP2 */
+    __m512 p = _mm512_set1_ps(0x1.3a02f4p-7f * e);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.c9fc6ep-5f * e));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.ec0378p-3f * e));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0x1.62e12cp-1f * e));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(e));
     return _mm512_mask_blend_ps(hide, _mm512_maskz_scalef_ps((__mmask16)~under, p, n), v);
 }
