@@ -577,7 +577,7 @@ def isa_line(args, sdpa, peers):
     return "ISA level (--isa %s): %s" % (args.isa, "; ".join(parts)), warn
 
 
-def print_table(args, sdpa, peers, peak, round_sdpa=None):
+def print_table(args, sdpa, peers, peak, round_sdpa=None, round_peers=None):
     gi = peers.get("ggml_info")
     print()
     print("sdpa %s vs torch %s, numpy %s and ggml %s: %d thread%s, %s, %s" % (
@@ -587,7 +587,7 @@ def print_table(args, sdpa, peers, peak, round_sdpa=None):
         sdpa["threads"], "" if sdpa["threads"] == 1 else "s", sdpa["cpu_model"], sdpa["date"]))
     line, warn = isa_line(args, sdpa, peers)
     print(line)
-    print_peak(sdpa, peak, round_sdpa)
+    print_peak(sdpa, peak, round_sdpa, round_peers)
     print()
     row_fmt = "%-34s %9s %9s %9s %9s %9s %12s %10s %9s %8s %9s %9s %8s"
     print(row_fmt % ("shape (B,H,Lq,Lk,D[,mask][,dt])", "sdpa", "torch", "torch kv", "numpy",
@@ -758,6 +758,27 @@ def run_peers(args, py, gpy, peer_env, shapes, tmp):
     return peers
 
 
+def tile_probe(args, sdpa_env, tmp):
+    """The AMX unit's rate now (sdpa bench's tile peak at its end, GFLOP/s at --threads) from a
+    tiny bf16 shape the unit takes; None where sdpa's kernels do not run on a unit."""
+    out = os.path.join(tmp, "probe.json")
+    subprocess.check_call([args.sdpa, "bench", "--threads", str(args.threads), "--shape",
+                           "1,1,16,16,32,bf16", "--reps", "1", "--warmup", "0", "--min-time",
+                           "0", "--json", out], stdout=subprocess.DEVNULL, env=sdpa_env)
+    return json.load(open(out))["peak"]["end"].get("tile_gflops")
+
+
+def run_peers_timed(args, py, gpy, peer_env, shapes, tmp, sdpa_env, unit):
+    """run_peers; where sdpa's kernels run on an AMX unit (unit), with the unit's rate right
+    before and after (tile_probe) as "tile_around", so that a round's figures can be read
+    against the rate the unit had for each side."""
+    before = tile_probe(args, sdpa_env, tmp) if unit else None
+    peers = run_peers(args, py, gpy, peer_env, shapes, tmp)
+    if unit:
+        peers["tile_around"] = [before, tile_probe(args, sdpa_env, tmp)]
+    return peers
+
+
 def merge_rounds(xs):
     """The rounds' JSON (sdpa's, or the peers') merged into one of the same form: dicts key by
     key (the keys of round 0), lists element by element, and a number (not a bool) that every
@@ -777,8 +798,10 @@ def merge_rounds(xs):
     return x0
 
 
-def print_peak(sdpa, peak, round_sdpa):
-    """The header's FMA peak line; with --rounds, a second one with each round's."""
+def print_peak(sdpa, peak, round_sdpa, round_peers=None):
+    """The header's FMA peak line; with --rounds, a second one with each round's; where sdpa's
+    kernels run on an AMX unit, the unit's rate around sdpa's run and (round_peers) around the
+    peers' in each round."""
     print("FP32 FMA peak measured by sdpa bench: %.1f GFLOP/s (start %.1f, end %.1f, %s loop)" % (
         peak, sdpa["peak"]["start"]["fma_gflops"], sdpa["peak"]["end"]["fma_gflops"],
         sdpa["peak"]["start"]["isa"]))
@@ -795,11 +818,26 @@ def print_peak(sdpa, peak, round_sdpa):
             "each round's" if round_sdpa else "the", ", ".join(
                 "%s/%s" % (fmt(x["peak"]["start"].get("tile_gflops"), "%.0f"),
                            fmt(x["peak"]["end"].get("tile_gflops"), "%.0f")) for x in runs)))
+    if round_peers and any(x.get("tile_around") for x in round_peers):
+        print("AMX tile peak right before and after each round's torch/numpy run: %s" % ", ".join(
+            "%s/%s" % tuple(fmt(t, "%.0f") for t in x.get("tile_around") or (None, None))
+            for x in round_peers))
+
+
+def tiles_agree(x, spread=0.15):
+    """Whether a round's four AMX tile peaks (sdpa's start and end, and right before and after
+    the peers) were all measured and lie within `spread` of their highest: the unit ran at
+    one rate for both sides (a unit has slow phases; docs/benchmarks.md)."""
+    t = [x["sdpa"]["peak"][w].get("tile_gflops") for w in ("start", "end")]
+    t += list(x["peers"].get("tile_around") or (None, None))
+    return all(v for v in t) and min(t) >= (1.0 - spread) * max(t)
 
 
 def print_round_ratios(rounds):
-    """--rounds: per shape, each round's sdpa/torch (GFLOP/s) and their median."""
+    """--rounds: per shape, each round's sdpa/torch (GFLOP/s) and their median; where sdpa ran
+    on an AMX unit, also those of the rounds whose tile peaks agree (tiles_agree)."""
     print()
+    unit = any(x["peers"].get("tile_around") for x in rounds)
     for i, s in enumerate(rounds[0]["sdpa"]["shapes"]):
         ratios = []
         for x in rounds:
@@ -811,6 +849,13 @@ def print_round_ratios(rounds):
         else:
             print("rounds sdpa/torch at %s: %s (median %.2f)" % (
                 s["spec"], " ".join("%.2f" % q for q in ratios), statistics.median(ratios)))
+            if unit and s.get("pct_tile_peak") is not None:  # a shape the unit takes
+                kept = [(r + 1, q) for r, (x, q) in enumerate(zip(rounds, ratios))
+                        if tiles_agree(x)]
+                print("  of those, the rounds whose 4 AMX tile peaks agree within 15 %%: %s" % (
+                    "%s (median %.2f)" % (" ".join("%.2f (round %d)" % (q, r) for r, q in kept),
+                                          statistics.median(q for _, q in kept))
+                    if kept else "none"))
 
 
 def run_worker(py, what, job, res, env):
@@ -898,9 +943,13 @@ def main():
             if first == "sdpa":
                 sdpa = run_sdpa(args, sdpa_env, tmp)
                 shapes = rounds[0]["sdpa"]["shapes"] if rounds else sdpa["shapes"]
-                peers = run_peers(args, py, gpy, peer_env, shapes, tmp)
+                unit = (rounds[0]["sdpa"] if rounds else sdpa)["peak"]["start"].get(
+                    "tile_gflops") is not None
+                peers = run_peers_timed(args, py, gpy, peer_env, shapes, tmp, sdpa_env, unit)
             else:
-                peers = run_peers(args, py, gpy, peer_env, rounds[0]["sdpa"]["shapes"], tmp)
+                unit = rounds[0]["sdpa"]["peak"]["start"].get("tile_gflops") is not None
+                peers = run_peers_timed(args, py, gpy, peer_env, rounds[0]["sdpa"]["shapes"],
+                                        tmp, sdpa_env, unit)
                 sdpa = run_sdpa(args, sdpa_env, tmp)
             if rounds and [s["spec"] for s in sdpa["shapes"]] != [
                     s["spec"] for s in rounds[0]["sdpa"]["shapes"]]:
@@ -929,8 +978,10 @@ def main():
              for when in ("start", "end")] + [peers["peak_after"]["fma_gflops"] or 0]
     peak = max(sdpa["peak"]["start"]["fma_gflops"] or 0, sdpa["peak"]["end"]["fma_gflops"] or 0)
     round_sdpa = [x["sdpa"] for x in rounds] if args.rounds > 1 else None
-    (print_backward_table if args.backward else print_table)(args, sdpa, peers, peak,
-                                                             round_sdpa)
+    if args.backward:
+        print_backward_table(args, sdpa, peers, peak, round_sdpa)
+    else:
+        print_table(args, sdpa, peers, peak, round_sdpa, [x["peers"] for x in rounds])
     if args.rounds > 1:
         print_round_ratios(rounds)
     print("FMA peak after the %s: %.1f GFLOP/s." % (
