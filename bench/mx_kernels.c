@@ -1,8 +1,8 @@
 /*
  * mx_kernels.c -- cycles of the bf16 forward's steps on a matrix unit (flash-amx), each called
  * straight from the tables on slices of one head small enough to stay in L2: the unit's
- * scores (mx->qk), the vector table's softmax (softmax_bf16p where it has one, as flash.c
- * takes it), and P V (mx->pv), for a task of 256 rows, as
+ * scores (mx->qk, its sums left unscaled), the vector table's softmax_bf16p (which scales
+ * them), and P V (mx->pv), for a task of 256 rows, as
  * flash.c calls them for one query head of an unmasked problem: slices of 128 keys where D <=
  * 64, else 64, and the scores' stride 272 rows (MX_KEY_TILE and the padded stride of
  * flash.c's plan_init), unless the last two arguments say otherwise (64 and 256 are what
@@ -100,8 +100,10 @@ int main(int argc, char **argv) {
     }
     const sdpa__mx_kernels *mx = &sdpa__mx_amx;
     const sdpa__ukernels *uk = &sdpa__uk_avx512;
-    int (*const softmax)(int64_t, int64_t, float *, int64_t, float *, float *, float *) =
-        uk->softmax_bf16p != NULL ? uk->softmax_bf16p : uk->softmax;
+    if (uk->softmax_bf16p == NULL) {
+        fprintf(stderr, "mx_kernels: the %s table has no softmax_bf16p\n", uk->name);
+        return 2;
+    }
     const size_t n = (size_t)nkeys * (size_t)d;
     uint16_t *k = aligned_alloc(64, n * 2), *v = aligned_alloc(64, n * 2);
     float *qrows = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
@@ -147,9 +149,10 @@ int main(int argc, char **argv) {
         uint64_t step[3] = {0, 0, 0};
         for (long j0 = 0; j0 < nkeys; j0 += slice) {
             t0 = __rdtsc();
-            mx->qk(slice, ROWS, d, k + j0 * d, d, qt, ROWS, scale, s, lds);
+            /* as flash.c takes a whole slice: the unit's sums unscaled, the softmax scales */
+            mx->qk(slice, ROWS, d, k + j0 * d, d, qt, ROWS, 1.0f, s, lds);
             const uint64_t t1 = __rdtsc();
-            softmax(slice, ROWS, s, lds, m, l, alpha);
+            uk->softmax_bf16p(slice, ROWS, s, lds, scale, m, l, alpha);
             const uint64_t t2 = __rdtsc();
             mx->pv(slice, ROWS, d, s, lds, alpha, v + j0 * d, d, o, d);
             const uint64_t t3 = __rdtsc();

@@ -557,8 +557,13 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             if (!pl->k_direct && !pl->wide_k && !k_half && next > 0)
                 prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
         }
-        /* the matrix unit's entries, K and V read in place */
+        /* the matrix unit's entries, K and V read in place; where softmax_bf16p takes a
+         * whole slice with nothing to post-process, the unit's sums are left unscaled and
+         * the softmax scales them (raw) */
         const int mx = pl->mx != NULL && !few;
+        const int few_softmax = r1use - r0 <= SDPA__FEW_ROWS && uk->softmax_few != NULL;
+        const int raw =
+            mx && sl.whole && !pl->needs_post && !few_softmax && uk->softmax_bf16p != NULL;
         if (mx && !mx_packed) {
             mx_packed = 1;
             pl->mx->pack_q(rows, p->Dk, tr.q_row, tr.qmx, rp);
@@ -569,7 +574,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
                             (float)p->scale, s0, rp);
         } else if (mx) {
             pl->mx->qk(nk, r1pad - r0, p->Dk, kv_row(p, &p->k, b, hk, js), p->k.stride[2],
-                       (const uint32_t *)tr.qmx + r0, rp, (float)p->scale, s0, rp);
+                       (const uint32_t *)tr.qmx + r0, rp, raw ? 1.0f : (float)p->scale, s0, rp);
         } else {
             const float *kt =
                 pl->wide_k
@@ -594,10 +599,10 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             post_process(pl, p, b, &tr, r0, r1use, js, nk, sl.whole, s0 - r0);
         /* (the unit rounds the weights to bf16: a cheaper exp serves it, where offered) */
         const int hidden =
-            r1use - r0 <= SDPA__FEW_ROWS && uk->softmax_few != NULL
-                ? uk->softmax_few(nk, r1use - r0, s0, rp, m + r0, l + r0, alpha + r0)
+            few_softmax ? uk->softmax_few(nk, r1use - r0, s0, rp, m + r0, l + r0, alpha + r0)
             : mx && uk->softmax_bf16p != NULL
-                ? uk->softmax_bf16p(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0)
+                ? uk->softmax_bf16p(nk, r1pad - r0, s0, rp, raw ? (float)p->scale : 1.0f, m + r0,
+                                    l + r0, alpha + r0)
                 : uk->softmax(nk, r1pad - r0, s0, rp, m + r0, l + r0, alpha + r0);
         if (pl->dropout)
             drop_weights(pl, b, &tr, r0, r1use, js, nk, s);

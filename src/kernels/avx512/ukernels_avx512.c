@@ -460,21 +460,31 @@ INLINE __m512 exp512_bf16p(__m512 x, __mmask16 hide, __m512 v) {
 _Static_assert(WEIGHT_EXP2 == 25, "exp512_bf16p's coefficients carry 2^WEIGHT_EXP2");
 
 /* The weights of keys [0, nk) for one vector of rows (the softmax's second pass), stored
- * over their scores, and their sum: exp512 or, with bf16p, exp512_bf16p. With `marks`, a
- * hidden key's (-inf) weight is -0.0 and the keys' union goes to *hidden; without, the
- * caller has seen that no score is -inf, and the two instructions a key that finding them
- * takes are saved (bf16p and marks are compile-time constants where this is inlined). */
-INLINE __m512 softmax_weights(int bf16p, int marks, int64_t nk, float *s, int64_t lds, __m512 u,
-                              __mmask16 *hidden) {
+ * over their scores, and their sum: exp512 or, with bf16p, exp512_bf16p of sc s - u. With
+ * `careful`, the scores are scaled first (sc s rounded, then minus u: for bf16p; softmax's sc
+ * is 1) and a hidden key's (sc s = -inf) weight is -0.0, the keys' union going to *hidden;
+ * without, the caller has seen that no scaled score is -inf or +inf, so that sc s - u is one
+ * FMA (bf16p) and the two instructions a key that finding hidden ones takes are saved (bf16p
+ * and careful are compile-time constants where this is inlined). */
+INLINE __m512 softmax_weights(int bf16p, int careful, int64_t nk, float *s, int64_t lds, __m512 u,
+                              __m512 sc, __mmask16 *hidden) {
     const __m512 neg_zero = _mm512_set1_ps(-0.0f);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < nk; j++) {
         const __m512 x = _mm512_loadu_ps(s + j * lds);
-        const __mmask16 inf =
-            marks ? _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ) : 0;
+        __m512 d;
+        __mmask16 inf = 0;
+        if (bf16p && !careful)
+            d = _mm512_fmsub_ps(x, sc, u);
+        else {
+            const __m512 xs = bf16p ? _mm512_mul_ps(x, sc) : x;
+            if (careful)
+                inf = _mm512_cmp_ps_mask(xs, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ);
+            d = _mm512_sub_ps(xs, u);
+        }
         *hidden |= inf;
-        const __m512 p = bf16p ? exp512_bf16p(_mm512_sub_ps(x, u), inf, neg_zero)
-                               : exp512(_mm512_sub_ps(x, u), inf, neg_zero, WEIGHT_EXP2, EXP_LO);
+        const __m512 p =
+            bf16p ? exp512_bf16p(d, inf, neg_zero) : exp512(d, inf, neg_zero, WEIGHT_EXP2, EXP_LO);
         _mm512_storeu_ps(s + j * lds, p);
         sum = _mm512_add_ps(sum, p);
     }
@@ -482,18 +492,23 @@ INLINE __m512 softmax_weights(int bf16p, int marks, int64_t nk, float *s, int64_
 }
 
 /* The online-softmax step (ukernels.h) with exp512 for its weights, or with exp512_bf16p
- * (bf16p, a compile-time constant where this is inlined); alpha by exp512 in both. */
-INLINE int softmax_body(int bf16p, int64_t nk, int64_t nr, float *s, int64_t lds, float *m,
-                        float *l, float *alpha) {
+ * (bf16p, a compile-time constant where this is inlined) on the scores times `scale`
+ * (softmax's is 1); alpha by exp512 in both. */
+INLINE int softmax_body(int bf16p, int64_t nk, int64_t nr, float *s, int64_t lds, float scale,
+                        float *m, float *l, float *alpha) {
     const __m512 neg_inf = _mm512_set1_ps(-INFINITY), pos_inf = _mm512_set1_ps(INFINITY);
+    const __m512 sc = _mm512_set1_ps(scale);
     __mmask16 hidden = 0;
     for (int64_t r = 0; r < nr; r += 16) {
         /* the max and the min in four independent chains each, keys j = 0, 1, 2, 3 mod 4 (a
          * max is exact, so any order gives the same for scores without NaN: 4x shorter
          * latency); the min, which passes over a NaN (vminps gives its second operand where
-         * either is one), says whether a key is hidden */
+         * either is one), says whether a key is hidden. For bf16p the chains take the
+         * unscaled scores, and the scale is applied to their max and min after (to the min
+         * and the max where it is negative): rounding is monotonic, so these are the max and
+         * the min of the scaled scores */
         const __m512 m_old = _mm512_loadu_ps(m + r);
-        __m512 mc[4] = {m_old, neg_inf, neg_inf, neg_inf};
+        __m512 mc[4] = {bf16p ? neg_inf : m_old, neg_inf, neg_inf, neg_inf};
         __m512 nc[4] = {pos_inf, pos_inf, pos_inf, pos_inf};
         int64_t j = 0;
         for (; j + 4 <= nk; j += 4)
@@ -507,8 +522,15 @@ INLINE int softmax_body(int bf16p, int64_t nk, int64_t nr, float *s, int64_t lds
             mc[0] = _mm512_max_ps(mc[0], x);
             nc[0] = _mm512_min_ps(x, nc[0]);
         }
-        const __m512 mx = _mm512_max_ps(_mm512_max_ps(mc[0], mc[1]), _mm512_max_ps(mc[2], mc[3]));
-        const __m512 mn = _mm512_min_ps(_mm512_min_ps(nc[0], nc[1]), _mm512_min_ps(nc[2], nc[3]));
+        __m512 mx = _mm512_max_ps(_mm512_max_ps(mc[0], mc[1]), _mm512_max_ps(mc[2], mc[3]));
+        __m512 mn = _mm512_min_ps(_mm512_min_ps(nc[0], nc[1]), _mm512_min_ps(nc[2], nc[3]));
+        int overflow = 0; /* a scaled score is +inf: the weights as softmax forms them */
+        if (bf16p) {
+            const __m512 hi = _mm512_mul_ps(sc, scale > 0.0f ? mx : mn);
+            mn = _mm512_mul_ps(sc, scale > 0.0f ? mn : mx);
+            overflow = _mm512_cmp_ps_mask(hi, pos_inf, _CMP_EQ_OQ) != 0;
+            mx = _mm512_max_ps(m_old, hi);
+        }
         /* a NaN score need not reach mx: its own weight is NaN, and so becomes l */
         const __m512 u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mx, neg_inf, _CMP_EQ_OQ), mx,
                                               _mm512_setzero_ps());
@@ -516,9 +538,9 @@ INLINE int softmax_body(int bf16p, int64_t nk, int64_t nr, float *s, int64_t lds
         const __m512 a =
             exp512(_mm512_sub_ps(m_old, u), _mm512_cmp_ps_mask(m_old, neg_inf, _CMP_EQ_OQ),
                    _mm512_setzero_ps(), 0, EXP_LO);
-        const __m512 sum = _mm512_cmp_ps_mask(mn, neg_inf, _CMP_EQ_OQ) != 0
-                               ? softmax_weights(bf16p, 1, nk, s + r, lds, u, &hidden)
-                               : softmax_weights(bf16p, 0, nk, s + r, lds, u, &hidden);
+        const __m512 sum = _mm512_cmp_ps_mask(mn, neg_inf, _CMP_EQ_OQ) != 0 || overflow
+                               ? softmax_weights(bf16p, 1, nk, s + r, lds, u, sc, &hidden)
+                               : softmax_weights(bf16p, 0, nk, s + r, lds, u, sc, &hidden);
         _mm512_storeu_ps(alpha + r, a);
         _mm512_storeu_ps(l + r, _mm512_fmadd_ps(_mm512_loadu_ps(l + r), a, sum));
         _mm512_storeu_ps(m + r, mx);
@@ -528,12 +550,12 @@ INLINE int softmax_body(int bf16p, int64_t nk, int64_t nr, float *s, int64_t lds
 
 static int softmax_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
                           float *alpha) {
-    return softmax_body(0, nk, nr, s, lds, m, l, alpha);
+    return softmax_body(0, nk, nr, s, lds, 1.0f, m, l, alpha);
 }
 
-static int softmax_bf16p_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
-                                float *alpha) {
-    return softmax_body(1, nk, nr, s, lds, m, l, alpha);
+static int softmax_bf16p_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float scale,
+                                float *m, float *l, float *alpha) {
+    return softmax_body(1, nk, nr, s, lds, scale, m, l, alpha);
 }
 
 /* The first 4 lanes of four keys' rows of scores, key b in 128-bit lane b. */
