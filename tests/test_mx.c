@@ -172,24 +172,32 @@ static void test_mx_shapes(void) {
 }
 
 /* Every feature that acts on the scores or the weights, with GQA groups, batches and peaky
- * softmaxes; bf16 values as large as 133120 in K (scores live in f32: no Inf, no NaN), and V
- * near bf16's largest, 3e38 on 30 keys, whose unnormalised sum passes FLT_MAX (such rows are
- * computed again by the reference: finite outputs, the same as the vector table's). */
+ * softmaxes, and scales other than 1/sqrt(D) (negative, above 1); bf16 values as large as 133120 in
+ * K (scores live in f32: no Inf, no NaN), and V near bf16's largest, 3e38 on 30 keys, whose
+ * unnormalised sum passes FLT_MAX (such rows are computed again by the reference: finite outputs,
+ * the same as the vector table's). */
 static void test_mx_features(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n = mx_impls(impls, "features");
     for (int t = 0; t < n; t++)
-        for (int f = 0; f < 9; f++) {
+        for (int f = 0; f < 11; f++) {
             const mx_case c = {
                 2,       6, f % 2 ? 2 : 3, 70, 150, 64, 32, f == 5 ? 5.0 : 1.0, f == 5 ? 3.0 : 1.0,
                 SDPA_F32};
             mx_problem m = mx_new(&c, 200 + f);
             tu_tensor mask = {0};
             float slopes[6];
-            static const char *const what[] = {
-                "causal top-left", "window 20/5",   "softcap 20",
-                "ALiBi",           "bool mask",     "peaky",
-                "large values",    "additive mask", "V near bf16's largest"};
+            static const char *const what[] = {"causal top-left",
+                                               "window 20/5",
+                                               "softcap 20",
+                                               "ALiBi",
+                                               "bool mask",
+                                               "peaky",
+                                               "large values",
+                                               "additive mask",
+                                               "V near bf16's largest",
+                                               "scale -0.3, causal",
+                                               "scale 2.5"};
             switch (f) {
             case 0:
                 m.p.causal = 1;
@@ -232,6 +240,14 @@ static void test_mx_features(void) {
             case 8:
                 for (int64_t e = 0; e < c.Lk; e += 5)
                     tu_set(&m.v.t, 0, 0, e, 2, 3.0e38);
+                break;
+            case 9: /* the softmax scales the unit's sums where a slice is whole (flash.c's
+                     * raw): a negative scale turns their max into the min */
+                m.p.scale = -0.3f;
+                m.p.causal = 1;
+                break;
+            case 10:
+                m.p.scale = 2.5f;
                 break;
             default:
                 break;

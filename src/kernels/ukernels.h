@@ -83,12 +83,13 @@ typedef struct sdpa__ukernels {
                        float *alpha);
     /* Optional (NULL: not offered), softmax for weights that are rounded to bf16 next (a matrix
      * unit's P V), on the scores scale * s (scale finite and not 0; 1 where s holds the
-     * scores): softmax's contract on the scores fl(scale * s), with m, alpha, the -0.0 marks
-     * and the floor bitwise softmax's on those (but for the sign of a zero m), and the weights
-     * (and so l) by a cheaper exp of scale * s - u rounded once where no scaled score of the
-     * row's vector is -inf or +inf (else of fl(scale * s) - u, as softmax), within 2^-16
-     * relative of exp(x) (128 ulp; a 128th of the bf16 rounding that follows). The matrix
-     * unit's qk then leaves its sums unscaled (scale 1), and no pass scales them. */
+     * scores): softmax's contract on the scores fl(scale * s), m, alpha and the -0.0 marks
+     * bitwise softmax's on those in rows without a NaN score (but for the sign of a zero m),
+     * and the weights (and so l) by a cheaper exp, within 2^-16 relative of exp(x) (a 128th
+     * of the bf16 rounding that follows), where x = scale * s - u is rounded once unless a
+     * scaled score of the row's vector is -inf or +inf (then x = fl(scale * s) - u, as
+     * softmax forms it); +0 where x < -104. The matrix unit's qk then leaves its sums
+     * unscaled (scale 1), and no pass scales them. */
     int (*softmax_bf16p)(int64_t nk, int64_t nr, float *s, int64_t lds, float scale, float *m,
                          float *l, float *alpha);
     /* The backward's weights, recomputed from the forward's log-sum-exp u (one per row): for

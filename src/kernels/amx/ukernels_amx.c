@@ -304,33 +304,29 @@ static void amx_qk(int64_t nk, int64_t nr, int64_t dk, const void *k_, int64_t l
                         TDP(3, 5, 7);
                 }
             }
-            if (scale == 1.0f) { /* the sums are the scores: stored in place */
-                float *c0 = s + kb * TROWS * lds + rb * TROWS;
-                TSTORE(0, c0, lds * 4);
-                if (two_r)
-                    TSTORE(1, c0 + TROWS, lds * 4);
-                if (two_k) {
-                    TSTORE(2, c0 + TROWS * lds, lds * 4);
-                    if (two_r)
-                        TSTORE(3, c0 + TROWS * lds + TROWS, lds * 4);
-                }
-                continue;
-            }
-            if (due != NULL)
+            /* the block's tiles: straight into s where the scale is 1 (the sums are the
+             * scores), else into cbuf[cur], scaled into s by the next block's turn; tile
+             * (ki, ri) at cb + ki * down + ri * right, its rows ld floats apart */
+            const int direct = scale == 1.0f;
+            if (!direct && due != NULL)
                 scale_block(cbuf[cur ^ 1], due, lds, due_k, due_r, scale);
-            float *cb = cbuf[cur];
-            TSTORE(0, cb, TROWS * 4);
+            float *cb = direct ? s + kb * TROWS * lds + rb * TROWS : cbuf[cur];
+            const int64_t ld = direct ? lds : TROWS, right = direct ? TROWS : TROWS * TROWS;
+            const int64_t down = direct ? TROWS * lds : 2 * TROWS * TROWS;
+            TSTORE(0, cb, ld * 4);
             if (two_r)
-                TSTORE(1, cb + TROWS * TROWS, TROWS * 4);
+                TSTORE(1, cb + right, ld * 4);
             if (two_k) {
-                TSTORE(2, cb + 2 * TROWS * TROWS, TROWS * 4);
+                TSTORE(2, cb + down, ld * 4);
                 if (two_r)
-                    TSTORE(3, cb + 3 * TROWS * TROWS, TROWS * 4);
+                    TSTORE(3, cb + down + right, ld * 4);
             }
-            due = s + kb * TROWS * lds + rb * TROWS;
-            due_k = two_k;
-            due_r = two_r;
-            cur ^= 1;
+            if (!direct) {
+                due = s + kb * TROWS * lds + rb * TROWS;
+                due_k = two_k;
+                due_r = two_r;
+                cur ^= 1;
+            }
         }
     }
     TILES_END();

@@ -435,15 +435,16 @@ static void qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, con
  * lanes outside `hide`, v in those; +0 below -104, as exp512. 2^(x log2 e) is split as 2^n 2^f
  * with n = round(x log2 e) by the shifter (one add; round to nearest) and f = x log2 e - n by
  * one FMA with log2 e in f32 (off by up to |x| 1.9e-8, 1.4e-6 of the result at x = -104);
- * 2^f, |f| <= 1/2, by a degree-4 polynomial (its constant 1, so that exp(0), the row's best
- * key, is 1 exactly as exp512 gives it; the others fitted for relative error on [-1/2, 1/2]
- * by tools/fit_exp2.py 4, 2.8e-6 there; scaled by 2^WEIGHT_EXP2, exactly) and 2^n applied by
- * vscalefps, whose mask gives +0 below -104 (whatever n and f are there). Within 4.5e-6 relative of
- * exp(x) on
- * [-104, 0] (a million random x), which rounding to bf16 (2^-9 relative) hides 400 times
- * over; ten vector instructions against exp512's sixteen. (With log2 e in two parts and degree
- * 5, 2.3 ulp: the weight of a key cost 1.5-2 TSC cycles more per 16 rows, bench/mx_kernels.c, an
- * Intel Xeon with AMX.) */
+ * 2^f, |f| <= 1/2, by a degree-4 polynomial (its constant 1, so that exp(0) is 1 exactly, as
+ * exp512 gives it; the others fitted for relative error on [-1/2, 1/2] by
+ * tools/fit_exp2.py 4, 2.8e-6 there; scaled by 2^WEIGHT_EXP2, exactly) and 2^n applied by
+ * vscalefps, whose mask gives +0 below -104 (whatever n and f are there: the masked lanes
+ * cost no assist, scores of -1e9 or -110 took as long as others, 7.2-7.6 TSC cycles per key
+ * and 16 rows against 7.1). Within 4.25e-6 relative of exp(x) on [-104, 0] (the worst of a
+ * million random x), which rounding to bf16 (2^-9 relative) hides 400 times over; ten vector
+ * instructions against exp512's sixteen. (With log2 e in two parts and degree 5, 2.3 ulp: a
+ * key's weight cost 1.5-2 TSC cycles more per 16 rows, bench/mx_kernels.c, an Intel Xeon with
+ * AMX.) */
 INLINE __m512 exp512_bf16p(__m512 x, __mmask16 hide, __m512 v) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
     const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shifter = _mm512_set1_ps(0x1.8p23f);
@@ -504,9 +505,10 @@ INLINE int softmax_body(int bf16p, int64_t nk, int64_t nr, float *s, int64_t lds
          * max is exact, so any order gives the same for scores without NaN: 4x shorter
          * latency); the min, which passes over a NaN (vminps gives its second operand where
          * either is one), says whether a key is hidden. For bf16p the chains take the
-         * unscaled scores, and the scale is applied to their max and min after (to the min
-         * and the max where it is negative): rounding is monotonic, so these are the max and
-         * the min of the scaled scores */
+         * unscaled scores, the max passing over a NaN too (so that, with a negative scale,
+         * it still finds a +inf score: a hidden key), and the scale is applied to their max
+         * and min after (to the min and the max where it is negative): rounding is
+         * monotonic, so these are the max and the min of the scaled scores */
         const __m512 m_old = _mm512_loadu_ps(m + r);
         __m512 mc[4] = {bf16p ? neg_inf : m_old, neg_inf, neg_inf, neg_inf};
         __m512 nc[4] = {pos_inf, pos_inf, pos_inf, pos_inf};
@@ -514,12 +516,12 @@ INLINE int softmax_body(int bf16p, int64_t nk, int64_t nr, float *s, int64_t lds
         for (; j + 4 <= nk; j += 4)
             for (int c = 0; c < 4; c++) {
                 const __m512 x = _mm512_loadu_ps(s + (j + c) * lds + r);
-                mc[c] = _mm512_max_ps(mc[c], x);
+                mc[c] = bf16p ? _mm512_max_ps(x, mc[c]) : _mm512_max_ps(mc[c], x);
                 nc[c] = _mm512_min_ps(x, nc[c]);
             }
         for (; j < nk; j++) {
             const __m512 x = _mm512_loadu_ps(s + j * lds + r);
-            mc[0] = _mm512_max_ps(mc[0], x);
+            mc[0] = bf16p ? _mm512_max_ps(x, mc[0]) : _mm512_max_ps(mc[0], x);
             nc[0] = _mm512_min_ps(x, nc[0]);
         }
         __m512 mx = _mm512_max_ps(_mm512_max_ps(mc[0], mc[1]), _mm512_max_ps(mc[2], mc[3]));
