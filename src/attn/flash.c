@@ -562,12 +562,12 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
                 prefetch_rows(p, &p->k, b, hk, js + nk, next, p->Dk);
         }
         /* the matrix unit's entries, K and V read in place; where softmax_bf16p takes a
-         * whole slice with nothing to post-process, the unit's sums are left unscaled and
-         * the softmax scales them (raw) */
+         * slice with nothing to post-process but the window's -inf (which a positive scale
+         * keeps), the unit's sums are left unscaled and the softmax scales them (raw) */
         const int mx = pl->mx != NULL && !few;
         const int few_softmax = r1use - r0 <= SDPA__FEW_ROWS && uk->softmax_few != NULL;
-        const int raw =
-            mx && sl.whole && !pl->needs_post && !few_softmax && uk->softmax_bf16p != NULL;
+        const int raw = mx && (sl.whole || p->scale > 0.0) && !pl->needs_post && !few_softmax &&
+                        uk->softmax_bf16p != NULL;
         if (mx && !mx_packed) {
             mx_packed = 1;
             pl->mx->pack_q(rows, p->Dk, tr.q_row, tr.qmx, rp);
