@@ -379,10 +379,9 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack,
  *   matrix unit, whose P V takes 32 keys a tile: a 16-key slice cost it as much as 32;
  *   32-key slices ran a causal bf16 forward at 0.98-1.04 times the speed of 16-key ones,
  *   faster in 4 of 5 comparisons, bench/ab.py, 1 thread, an Intel Xeon with AMX), each
- *   computed only for
- *   the rows that see some key of it (rows are sorted by position, so those are one range,
- *   or two around pass 0's), so that most of the hidden triangle is skipped while the rows
- *   past it still take the tile at once.
+ *   computed only for the rows that see some key of it (rows are sorted by position, so
+ *   those are one range, or two around pass 0's), so that most of the hidden triangle is
+ *   skipped while the rows past it still take the tile at once.
  * Each row meets its keys in increasing order, though slices as a whole do not (pass 1, and
  * a second range of rows, go back to keys already visited). A slice of a paged cache never
  * crosses a page. */
