@@ -942,14 +942,12 @@ def main():
                 print("round %d of %d: %s first" % (r + 1, args.rounds, first), flush=True)
             if first == "sdpa":
                 sdpa = run_sdpa(args, sdpa_env, tmp)
-                shapes = rounds[0]["sdpa"]["shapes"] if rounds else sdpa["shapes"]
-                unit = (rounds[0]["sdpa"] if rounds else sdpa)["peak"]["start"].get(
-                    "tile_gflops") is not None
-                peers = run_peers_timed(args, py, gpy, peer_env, shapes, tmp, sdpa_env, unit)
-            else:
-                unit = rounds[0]["sdpa"]["peak"]["start"].get("tile_gflops") is not None
-                peers = run_peers_timed(args, py, gpy, peer_env, rounds[0]["sdpa"]["shapes"],
-                                        tmp, sdpa_env, unit)
+            # round 0's sdpa bench (it goes first) gives the shapes, and says whether sdpa's
+            # kernels run on an AMX unit, to be timed around the peers too
+            sdpa0 = rounds[0]["sdpa"] if rounds else sdpa
+            unit = sdpa0["peak"]["start"].get("tile_gflops") is not None
+            peers = run_peers_timed(args, py, gpy, peer_env, sdpa0["shapes"], tmp, sdpa_env, unit)
+            if first == "peers":
                 sdpa = run_sdpa(args, sdpa_env, tmp)
             if rounds and [s["spec"] for s in sdpa["shapes"]] != [
                     s["spec"] for s in rounds[0]["sdpa"]["shapes"]]:

@@ -439,12 +439,12 @@ static void qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, con
  * exp512 gives it; the others fitted for relative error on [-1/2, 1/2] by
  * tools/fit_exp2.py 4, 2.8e-6 there; scaled by 2^WEIGHT_EXP2, exactly) and 2^n applied by
  * vscalefps, whose mask gives +0 below -104 (whatever n and f are there: the masked lanes
- * cost no assist, scores of -1e9 or -110 took as long as others, 7.2-7.6 TSC cycles per key
- * and 16 rows against 7.1). Within 4.25e-6 relative of exp(x) on [-104, 0] (the worst of a
- * million random x), which rounding to bf16 (2^-9 relative) hides 400 times over; ten vector
- * instructions against exp512's sixteen. (With log2 e in two parts and degree 5, 2.3 ulp: a
- * key's weight cost 1.5-2 TSC cycles more per 16 rows, bench/mx_kernels.c, an Intel Xeon with
- * AMX.) */
+ * cost no assist, scores of -1e9 or -110 took as long as others within the run-to-run
+ * noise, bench/softmax_bf16p.c). Within 4.25e-6 relative of exp(x) on [-104, 0] (the worst
+ * of a million random x, the same program), which rounding to bf16 (2^-9 relative) hides 400
+ * times over; ten vector instructions against exp512's sixteen. (With log2 e in two parts and
+ * degree 5, 2.3 ulp: a key's weight cost 1.5-2 TSC cycles more per 16 rows,
+ * bench/mx_kernels.c, an Intel Xeon with AMX.) */
 INLINE __m512 exp512_bf16p(__m512 x, __mmask16 hide, __m512 v) {
     const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_LT_OQ);
     const __m512 log2e = _mm512_set1_ps(1.44269504088896341f), shifter = _mm512_set1_ps(0x1.8p23f);
