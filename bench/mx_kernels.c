@@ -5,7 +5,10 @@
  * them), and P V (mx->pv), for a task of 256 rows, as
  * flash.c calls them for one query head of an unmasked problem: slices of 128 keys where D <=
  * 64, else 64, and the scores' stride 272 rows (MX_KEY_TILE and the padded stride of
- * flash.c's plan_init), unless the last two arguments say otherwise (64 and 256 are what
+ * flash.c's plan_init; the packed Q rows take the same stride, as there: before 2026-11-29
+ * they took 256, which put each feature pair's rows 1 KiB apart, into a few L1 sets, and made
+ * pack_q look six times slower than it ran in the library), unless the last two arguments say
+ * otherwise (64 and 256 are what
  * flash.c did before 2026-11-28, 13:30 UTC, and all an older library takes). What each step costs
  * alone says what bounds the whole (x86 only: it counts TSC cycles; the TSC rate is
  * /proc/cpuinfo's "cpu MHz" on most Linux guests).
@@ -108,7 +111,7 @@ int main(int argc, char **argv) {
     uint16_t *k = aligned_alloc(64, n * 2), *v = aligned_alloc(64, n * 2);
     float *qrows = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
     const float **rows = malloc(ROWS * sizeof *rows);
-    uint32_t *qt = aligned_alloc(64, ((size_t)d / 2 + 1) * ROWS * 4);
+    uint32_t *qt = aligned_alloc(64, ((size_t)d / 2 + 1) * (size_t)lds * 4);
     float *s = aligned_alloc(64, (size_t)slice * (size_t)lds * sizeof(float));
     float *o = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
     float m[ROWS], l[ROWS], alpha[ROWS];
@@ -139,7 +142,7 @@ int main(int argc, char **argv) {
     uint64_t t_pack = 0, sum[3] = {0, 0, 0}, best[3] = {UINT64_MAX, UINT64_MAX, UINT64_MAX};
     for (long rep = 0; rep < reps; rep++) {
         uint64_t t0 = __rdtsc();
-        mx->pack_q(ROWS, d, rows, qt, ROWS);
+        mx->pack_q(ROWS, d, rows, qt, lds);
         t_pack += __rdtsc() - t0;
         for (long r = 0; r < ROWS; r++) {
             m[r] = -1e30f;
@@ -150,7 +153,7 @@ int main(int argc, char **argv) {
         for (long j0 = 0; j0 < nkeys; j0 += slice) {
             t0 = __rdtsc();
             /* as flash.c takes a whole slice: the unit's sums unscaled, the softmax scales */
-            mx->qk(slice, ROWS, d, k + j0 * d, d, qt, ROWS, 1.0f, s, lds);
+            mx->qk(slice, ROWS, d, k + j0 * d, d, qt, lds, 1.0f, s, lds);
             const uint64_t t1 = __rdtsc();
             uk->softmax_bf16p(slice, ROWS, s, lds, scale, m, l, alpha);
             const uint64_t t2 = __rdtsc();
