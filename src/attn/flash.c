@@ -649,9 +649,11 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         /* an accumulator at +-inf, or a NaN in a row whose sum l is a number: a weight that
          * underflowed to +0 in f32 met an Inf in V (0 x Inf), where the reference's weight,
-         * in double, is positive (or a NaN in V, which the reference makes NaN too) */
-        if (sdpa__has_inf(o + r * pl->dvp, p->Dv) ||
-            (l[r] == l[r] && sdpa__has_nonfinite(o + r * pl->dvp, 1, pl->dvp, p->Dv)))
+         * in double, is positive (or a NaN in V, which the reference makes NaN too). Asked in
+         * this order, it takes one pass over the row in the usual case, where the row holds
+         * neither (asked Inf first, every row took two). */
+        if (sdpa__has_nonfinite(o + r * pl->dvp, 1, pl->dvp, p->Dv) &&
+            (l[r] == l[r] || sdpa__has_inf(o + r * pl->dvp, p->Dv)))
             atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
         if (pl->n_chunks > 1) {
             const int64_t at = ((bh * pl->n_qb + qb) * pl->rp + r) * pl->n_chunks + chunk;
