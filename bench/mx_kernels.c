@@ -109,8 +109,8 @@ int main(int argc, char **argv) {
     }
     const size_t n = (size_t)nkeys * (size_t)d;
     uint16_t *k = aligned_alloc(64, n * 2), *v = aligned_alloc(64, n * 2);
-    float *qrows = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
-    const float **rows = malloc(ROWS * sizeof *rows);
+    uint16_t *qrows = aligned_alloc(64, (size_t)ROWS * (size_t)d * 2);
+    const void **rows = malloc(ROWS * sizeof *rows);
     uint32_t *qt = aligned_alloc(64, ((size_t)d / 2 + 1) * (size_t)lds * 4);
     float *s = aligned_alloc(64, (size_t)slice * (size_t)lds * sizeof(float));
     float *o = aligned_alloc(64, (size_t)ROWS * (size_t)d * sizeof(float));
@@ -128,9 +128,7 @@ int main(int argc, char **argv) {
     for (long r = 0; r < ROWS; r++) {
         for (long c = 0; c < d; c++) {
             seed = seed * 1664525u + 1013904223u;
-            const uint32_t u = (uint32_t)bf16_of((float)(int)(seed >> 8 & 0xffff) / 32768.0f - 1.0f)
-                               << 16;
-            memcpy(&qrows[r * d + c], &u, sizeof u);
+            qrows[r * d + c] = bf16_of((float)(int)(seed >> 8 & 0xffff) / 32768.0f - 1.0f);
         }
         rows[r] = qrows + r * d;
     }

@@ -515,9 +515,46 @@ static void test_mx_threads_and_pages(void) {
     }
 }
 
+/* Q's rows are read in Q's own type (the unit packs them without widening): a Q whose
+ * features are not adjacent (every other element of a larger buffer, in the (B, L, H, D)
+ * order) is gathered first, and gives bitwise the outputs of the same values laid out
+ * plainly, a subnormal feature included (the rows' flags, amx_qk's exact scores). */
+static void test_mx_q_views(void) {
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n = mx_impls(impls, "Q views");
+    const mx_case c = {2, 4, 2, 40, 96, 64, 32, 1.0, 1.0, SDPA_F32};
+    for (int t = 0; t < n; t++) {
+        mx_problem m = mx_new(&c, 900);
+        tu_set(&m.q.t, 1, 3, 17, 5, 1e-39); /* a bf16 subnormal */
+        /* the same Q, features 2 elements apart, heads inside positions */
+        const int64_t hd = c.Hq * 2 * c.Dk;
+        uint16_t *buf = calloc((size_t)(c.B * c.Lq * hd), sizeof *buf);
+        sdpa_tensor qv = {buf, SDPA_BF16, {c.B, c.Hq, c.Lq, c.Dk}, {c.Lq * hd, 2 * c.Dk, hd, 2}};
+        tu_copy(&qv, &m.q.t);
+        double *plain, *plain_lse, *view, *view_lse;
+        int ok = run(&m, impls[t].level, 2, &plain, &plain_lse);
+        const sdpa_tensor q_plain = m.q.t;
+        m.q.t = qv;
+        ok &= run(&m, impls[t].level, 2, &view, &view_lse);
+        m.q.t = q_plain;
+        CHECK_MSG(ok, "[%s] Q views: a call failed", impls[t].name);
+        CHECK_MSG(memcmp(plain, view, (size_t)m.n_out * sizeof *plain) == 0 &&
+                      memcmp(plain_lse, view_lse, (size_t)m.n_lse * sizeof *plain_lse) == 0,
+                  "[%s] a Q with features 2 apart differs from the same Q laid out plainly",
+                  impls[t].name);
+        free(plain);
+        free(plain_lse);
+        free(view);
+        free(view_lse);
+        free(buf);
+        mx_free(&m);
+    }
+}
+
 int main(int argc, char **argv) {
     tu_report_impls();
     return CHECK_RUN(argc, argv, CASE(test_mx_shapes), CASE(test_mx_features),
                      CASE(test_mx_special_values), CASE(test_mx_hidden_keys),
-                     CASE(test_mx_ragged_rows), CASE(test_mx_threads_and_pages));
+                     CASE(test_mx_ragged_rows), CASE(test_mx_threads_and_pages),
+                     CASE(test_mx_q_views));
 }

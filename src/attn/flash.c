@@ -194,6 +194,9 @@ typedef struct task_scratch {
     float *kwide, *vwide;
     unsigned char *kready, *vready;
     void *qmx; /* Q packed by mx->pack_q: (Dk / 2 + 1) x rp 32-bit words */
+    /* the query rows mx->pack_q reads, in Q's own type: in place, or gathered into qrows
+     * where Q's features are not adjacent */
+    const void **q_src;
 } task_scratch;
 
 /* Takes `bytes` from the region at base (NULL: only measures), each piece 64-byte aligned. */
@@ -239,6 +242,7 @@ static size_t layout(const flash_plan *pl, char *base, task_scratch *ts) {
     ts->kwide = take(base, &at, pl->wide_k ? keys * (size_t)p->Dk * f : 0);
     ts->vwide = take(base, &at, pl->wide_v ? keys * (size_t)p->Dv * f : 0);
     ts->qmx = take(base, &at, pl->mx != NULL ? ((size_t)p->Dk / 2 + 1) * rp * 4 : 0);
+    ts->q_src = take(base, &at, pl->mx != NULL ? rp * sizeof(const void *) : 0);
     return at;
 }
 
@@ -349,7 +353,16 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack,
         sdpa__row_keys(p, i, &tr->lo[r], &tr->hi[r]);
     }
     for (int64_t r = 0; r < t->rows; r++) {
-        if (pl->q_direct) {
+        if (pl->mx != NULL) { /* the unit packs Q from its own type: nothing widened */
+            const void *src = sdpa__row_at(&p->q, t->b, tr->h[r], tr->i[r]);
+            if (p->q.stride[3] != 1) { /* (the unit's types are 16 bits wide) */
+                uint16_t *row = (uint16_t *)(void *)(tr->qrows + r * p->Dk);
+                for (int64_t d = 0; d < p->Dk; d++)
+                    row[d] = ((const uint16_t *)src)[d * p->q.stride[3]];
+                src = row;
+            }
+            tr->q_src[r] = src;
+        } else if (pl->q_direct) {
             tr->q_row[r] = sdpa__row_at(&p->q, t->b, tr->h[r], tr->i[r]);
         } else {
             float *row = tr->qrows + r * p->Dk;
@@ -569,7 +582,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
                         uk->softmax_bf16p != NULL;
         if (mx && !mx_packed) {
             mx_packed = 1;
-            pl->mx->pack_q(rows, p->Dk, tr.q_row, tr.qmx, rp);
+            pl->mx->pack_q(rows, p->Dk, tr.q_src, tr.qmx, rp);
         }
         if (k_half) {
             uk->qk_few_half((int)p->k.dtype, nk, r1use - r0, p->Dk, kv_row(p, &p->k, b, hk, js),

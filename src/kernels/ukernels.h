@@ -185,9 +185,9 @@ typedef struct sdpa__mx_kernels {
     int d_max;    /* the most features Dk and Dv may have */
     int keys_max; /* the most keys qk and pv take in one call */
     int lanes;    /* the rows of its blocks: the vector table's lanes must be the same */
-    /* Q rows (f32 values, each exactly an elem value) in the unit's layout for qk, rows from
-     * nr up to a multiple of 16 zero; qt holds (dk / 2 + 1) * ldq 32-bit words. */
-    void (*pack_q)(int64_t nr, int64_t dk, const float *const *rows, void *qt, int64_t ldq);
+    /* Q rows (elem values, unit feature stride: rows[r][d]) in the unit's layout for qk, rows
+     * from nr up to a multiple of 16 zero; qt holds (dk / 2 + 1) * ldq 32-bit words. */
+    void (*pack_q)(int64_t nr, int64_t dk, const void *const *rows, void *qt, int64_t ldq);
     /* s[j * lds + r] = scale * sum_d k[j * ldk + d] q[r][d] for j < nk <= keys_max and r < nr
      * (a multiple of 16), with the rows of Q packed by pack_q (row r0 at qt + r0 words, row
      * stride ldq) and K's rows (elem, unit feature stride) read in place, every value as it

@@ -148,25 +148,18 @@ static int bf16_subnormal(uint32_t h) {
     return (h & 0x7f80u) == 0 && (h & 0x7fu) != 0;
 }
 
-/* Q rows (f32 values, each exactly a bf16 value: widened from bf16) in pairs: qt[p * ldq + r]
- * holds features 2p (low half) and 2p + 1 (high half) of row r as bf16, for p < dk / 2 and
- * r < nr, and 0 for the rows up to a multiple of 16; then, as row dk / 2, whether row r holds
- * a subnormal (nonzero), which the unit would read as 0: amx_qk forms that row's scores
- * itself. 16 rows and DK_STEP (32) features a block, so dk must be a multiple of DK_STEP:
- * each row's values keep their upper halves (their bf16 bits, a subnormal's too) in feature
- * order, so that 32-bit word p is pair p, and the block is turned around so that pair p of the
- * 16 rows is one vector. (Written a value at a time, down the columns of qt, this took 18,200
- * TSC cycles for 256 rows at D = 128 with flash.c's stride of 272, against 6,300 now, on an
- * Intel Xeon: 0.55 and 0.19 per key and 16 rows of a task that sees 2048 keys.) */
-static void amx_pack_q(int64_t nr, int64_t dk, const float *const *rows, void *qt_, int64_t ldq) {
+/* Q rows (bf16, unit feature stride) in pairs: qt[p * ldq + r] holds features 2p (low half)
+ * and 2p + 1 (high half) of row r, for p < dk / 2 and r < nr, and 0 for the rows up to a
+ * multiple of 16; then, as row dk / 2, whether row r holds a subnormal (nonzero), which the
+ * unit would read as 0: amx_qk forms that row's scores itself. 16 rows and DK_STEP (32)
+ * features a block, so dk must be a multiple of DK_STEP: a row's 32 values are already its 16
+ * pairs, in order, so the block is only turned around, so that pair p of the 16 rows is one
+ * vector. (Written a value at a time, down the columns of qt, from the rows widened to f32,
+ * this took 18,200 TSC cycles for 256 rows at D = 128 with flash.c's stride of 272, against
+ * 6,300 by blocks from the same f32 rows, on an Intel Xeon.) */
+static void amx_pack_q(int64_t nr, int64_t dk, const void *const *rows, void *qt_, int64_t ldq) {
     uint32_t *qt = qt_;
     const int64_t nrp = (nr + TROWS - 1) / TROWS * TROWS;
-    /* word w of the permutation's result is word 2w + 1 of the pair of vectors (a, b): the
-     * upper half, the bf16 bits, of f32 value w of the 32 */
-    const __m512i upper =
-        _mm512_set_epi32(0x003f003d, 0x003b0039, 0x00370035, 0x00330031, 0x002f002d, 0x002b0029,
-                         0x00270025, 0x00230021, 0x001f001d, 0x001b0019, 0x00170015, 0x00130011,
-                         0x000f000d, 0x000b0009, 0x00070005, 0x00030001);
     const __m512i expo = _mm512_set1_epi16(0x7f80), frac = _mm512_set1_epi16(0x007f);
     for (int64_t r0 = 0; r0 < nrp; r0 += TROWS) {
         __mmask16 sub = 0; /* the rows of the block that hold a subnormal */
@@ -177,10 +170,7 @@ static void amx_pack_q(int64_t nr, int64_t dk, const float *const *rows, void *q
                     x[r] = _mm512_setzero_ps();
                     continue;
                 }
-                const float *row = rows[r0 + r] + d0;
-                const __m512i h =
-                    _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_loadu_ps(row)), upper,
-                                              _mm512_castps_si512(_mm512_loadu_ps(row + 16)));
+                const __m512i h = _mm512_loadu_si512((const uint16_t *)rows[r0 + r] + d0);
                 const __mmask32 zero_e =
                     _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, expo), _mm512_setzero_si512());
                 if (_mm512_mask_test_epi16_mask(zero_e, h, frac) != 0)
