@@ -674,7 +674,8 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             pl->part_lse[at] = row_lse(uk, m[r], l[r]);
             continue;
         }
-        double row_lse_r = row_lse(uk, m[r], l[r]);
+        /* (a log in double a row: asked for only where it is used) */
+        double row_lse_r = pl->lse != NULL || p->sinks != NULL ? row_lse(uk, m[r], l[r]) : 0.0;
         if (p->sinks != NULL) {
             /* f / l falls far below f32's normal range for a sink far above the scores, and
              * further with l scaled: the accumulator is brought back to its unscaled values
