@@ -275,15 +275,17 @@ static void test_softcap_accuracy(void) {
 
 /* Every table's widening and storing are bitwise the portable entries' (ukernels.h), NaN
  * included: all 65536 patterns of f16 and bf16 widened at every alignment of a row's tail,
- * and, narrowed, f32 values of every exponent with the ties, overflow edges, subnormals,
- * zeros, infinities and NaNs, times scales that make more of them, at lengths 1 to 37 (the
- * vector tails) and with a feature stride of 3. */
+ * and, stored as f32 or narrowed, f32 values of every exponent with the ties, overflow
+ * edges, subnormals, zeros, infinities and NaNs, times scales that make more of them, at
+ * lengths 1 to 37 (the vector tails) and with a feature stride of 3; and store_row reports
+ * the Infs and NaNs of each row it stored from. */
 static void test_convert_rows(void) {
     enum { NP = 65536, NF = 1 << 16 };
     uint16_t *h = malloc(NP * sizeof *h);
     float *want = malloc(NP * sizeof *want), *got = malloc(NP * sizeof *got);
     float *f = malloc(NF * sizeof *f);
-    uint16_t *hw = malloc(3 * NF * sizeof *hw), *hg = malloc(3 * NF * sizeof *hg);
+    /* (room for f32 too: store_row's f32 rows, strided 3 apart) */
+    uint16_t *hw = malloc(6 * NF * sizeof *hw), *hg = malloc(6 * NF * sizeof *hg);
     for (unsigned u = 0; u < NP; u++)
         h[u] = (uint16_t)u;
     tu_rng rng = {12345};
@@ -312,33 +314,50 @@ static void test_convert_rows(void) {
             continue;
         }
         int bad = 0;
-        for (int elem = SDPA__ELEM_F16; elem <= SDPA__ELEM_BF16; elem++) {
-            sdpa__load_row_generic(elem, NP, h, 1, want);
-            for (int64_t n0 = 0; n0 < 37; n0++) { /* rows of 1..37 from every start */
-                uk->load_row(elem, NP - n0 * 1000 - n0, h + n0 * 1000, 1, got);
-                if (memcmp(got, want + n0 * 1000, (size_t)(NP - n0 * 1001) * sizeof *got) != 0)
-                    CHECK_MSG(bad++ > 0, "[%s] load_row elem %d from %lld differs", uk->name, elem,
-                              (long long)(n0 * 1000));
+        for (int elem = SDPA__ELEM_F32; elem <= SDPA__ELEM_BF16; elem++) {
+            const size_t es = elem == SDPA__ELEM_F32 ? 4 : 2; /* bytes of a stored element */
+            if (elem != SDPA__ELEM_F32) { /* (f16 and bf16 widened: every bit pattern) */
+                sdpa__load_row_generic(elem, NP, h, 1, want);
+                for (int64_t n0 = 0; n0 < 37; n0++) { /* rows of 1..37 from every start */
+                    uk->load_row(elem, NP - n0 * 1000 - n0, h + n0 * 1000, 1, got);
+                    if (memcmp(got, want + n0 * 1000, (size_t)(NP - n0 * 1001) * sizeof *got) != 0)
+                        CHECK_MSG(bad++ > 0, "[%s] load_row elem %d from %lld differs", uk->name,
+                                  elem, (long long)(n0 * 1000));
+                }
+                uk->load_row(elem, NP / 3, h, 3, got);
+                sdpa__load_row_generic(elem, NP / 3, h, 3, want);
+                if (memcmp(got, want, (size_t)(NP / 3) * sizeof *got) != 0)
+                    CHECK_MSG(bad++ > 0, "[%s] strided load_row elem %d differs", uk->name, elem);
             }
-            uk->load_row(elem, NP / 3, h, 3, got);
-            sdpa__load_row_generic(elem, NP / 3, h, 3, want);
-            if (memcmp(got, want, (size_t)(NP / 3) * sizeof *got) != 0)
-                CHECK_MSG(bad++ > 0, "[%s] strided load_row elem %d differs", uk->name, elem);
             for (size_t sc = 0; sc < sizeof scales / sizeof scales[0]; sc++)
                 for (int64_t len = 1; len <= 37; len++) {
                     for (int64_t c0 = 0; c0 + len <= NF; c0 += len) {
-                        uk->store_row(elem, len, f + c0, scales[sc], hg + c0, 1);
-                        sdpa__store_row_generic(elem, len, f + c0, scales[sc], hw + c0, 1);
+                        /* what the row holds besides numbers, as store_row must report it */
+                        int kinds = 0;
+                        for (int64_t c = c0; c < c0 + len; c++)
+                            kinds |= isinf(f[c])   ? SDPA__STORED_INF
+                                     : isnan(f[c]) ? SDPA__STORED_NAN
+                                                   : 0;
+                        const int got_kinds =
+                            uk->store_row(elem, len, f + c0, scales[sc], (char *)hg + c0 * es, 1);
+                        const int want_kinds = sdpa__store_row_generic(
+                            elem, len, f + c0, scales[sc], (char *)hw + c0 * es, 1);
+                        if (got_kinds != kinds || want_kinds != kinds)
+                            CHECK_MSG(bad++ > 0,
+                                      "[%s] store_row elem %d at %lld len %lld reports %d "
+                                      "(portable %d), not %d",
+                                      uk->name, elem, (long long)c0, (long long)len, got_kinds,
+                                      want_kinds, kinds);
                     }
-                    if (memcmp(hg, hw, (size_t)(NF - NF % len) * sizeof *hg) != 0)
+                    if (memcmp(hg, hw, (size_t)(NF - NF % len) * es) != 0)
                         CHECK_MSG(bad++ > 0, "[%s] store_row elem %d len %lld scale %g differs",
                                   uk->name, elem, (long long)len, (double)scales[sc]);
                 }
-            memset(hg, 0, 3 * NF * sizeof *hg);
-            memset(hw, 0, 3 * NF * sizeof *hw);
+            memset(hg, 0, 6 * NF * sizeof *hg);
+            memset(hw, 0, 6 * NF * sizeof *hw);
             uk->store_row(elem, NF, f, 1.0f, hg, 3);
             sdpa__store_row_generic(elem, NF, f, 1.0f, hw, 3);
-            if (memcmp(hg, hw, 3 * NF * sizeof *hg) != 0)
+            if (memcmp(hg, hw, 3 * NF * es) != 0)
                 CHECK_MSG(bad++ > 0, "[%s] strided store_row elem %d differs", uk->name, elem);
         }
         printf("    %-8s load_row and store_row: %s\n", uk->name, bad ? "DIFFER" : "bitwise equal");

@@ -660,18 +660,20 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         if (r >= rows)
             l[r] = 0.0f;
         float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
-        /* an accumulator at +-inf, or a NaN in a row whose sum l is a number: a weight that
+        /* An accumulator at +-inf, or a NaN in a row whose sum l is a number: a weight that
          * underflowed to +0 in f32 met an Inf in V (0 x Inf), where the reference's weight,
-         * in double, is positive (or a NaN in V, which the reference makes NaN too). Asked in
-         * this order, it takes one pass over the row in the usual case, where the row holds
-         * neither (asked Inf first, every row took two). */
-        if (sdpa__has_nonfinite(o + r * pl->dvp, 1, pl->dvp, p->Dv) &&
-            (l[r] == l[r] || sdpa__has_inf(o + r * pl->dvp, p->Dv)))
-            atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
+         * in double, is positive (or a NaN in V, which the reference makes NaN too). store_row
+         * says what the row held as it stores it (a pass of its own over every row had cost
+         * as much as the store: the task's accumulator is read from L2). A sink's scaling
+         * below, by a power of two at most 1, makes no Inf or NaN and unmakes none. */
+        int kinds;
         if (pl->n_chunks > 1) {
             const int64_t at = ((bh * pl->n_qb + qb) * pl->rp + r) * pl->n_chunks + chunk;
-            uk->store_row(SDPA__ELEM_F32, p->Dv, o + r * pl->dvp, inv, pl->part_o + at * p->Dv, 1);
+            kinds = uk->store_row(SDPA__ELEM_F32, p->Dv, o + r * pl->dvp, inv,
+                                  pl->part_o + at * p->Dv, 1);
             pl->part_lse[at] = row_lse(uk, m[r], l[r]);
+            if ((kinds & SDPA__STORED_INF) || (kinds != 0 && l[r] == l[r]))
+                atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
             continue;
         }
         /* (a log in double a row: asked for only where it is used) */
@@ -686,8 +688,10 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
                 o[r * pl->dvp + c] *= down;
             inv = l[r] == 0.0f ? 0.0f : (float)(f / (double)(l[r] * down));
         }
-        uk->store_row((int)out->dtype, p->Dv, o + r * pl->dvp, inv,
-                      (void *)sdpa__row_at(out, b, h, i), out->stride[3]);
+        kinds = uk->store_row((int)out->dtype, p->Dv, o + r * pl->dvp, inv,
+                              (void *)sdpa__row_at(out, b, h, i), out->stride[3]);
+        if ((kinds & SDPA__STORED_INF) || (kinds != 0 && l[r] == l[r]))
+            atomic_store_explicit(pl->overflowed, 1, memory_order_relaxed);
         if (pl->lse != NULL)
             ((float *)pl->lse->data)[sdpa__offset(pl->lse, b, h, i, 0)] = (float)row_lse_r;
     }

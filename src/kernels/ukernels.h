@@ -24,6 +24,9 @@
 /* Element types the widening and storing entries take; the values are those of sdpa_dtype. */
 enum sdpa__elem { SDPA__ELEM_F32 = 0, SDPA__ELEM_F16 = 1, SDPA__ELEM_BF16 = 2 };
 
+/* store_row's report of the values it stored from (bits). */
+enum { SDPA__STORED_INF = 1, SDPA__STORED_NAN = 2 };
+
 /* The most query rows qk_few takes. */
 #define SDPA__FEW_ROWS 4
 
@@ -157,9 +160,10 @@ typedef struct sdpa__ukernels {
      * (enum sdpa__elem), exactly (every f16 and bf16 value is an f32). */
     void (*load_row)(int elem, int64_t n, const void *src, int64_t stride, float *dst);
     /* Storing: dst[c * stride] = src[c] * scale, the product formed in f32 and rounded once
-     * to elem, to nearest with ties to even. */
-    void (*store_row)(int elem, int64_t n, const float *src, float scale, void *dst,
-                      int64_t stride);
+     * to elem, to nearest with ties to even. @return what src[0, n) holds besides numbers:
+     * SDPA__STORED_INF if an Inf (of either sign), | SDPA__STORED_NAN if a NaN, else 0 -- what the
+     * drivers look for in an accumulator as they store it, in the same pass. */
+    int (*store_row)(int elem, int64_t n, const float *src, float scale, void *dst, int64_t stride);
     /* Dropout's factors for keys [j0, j0 + n) of row (b, h, i) (core/philox.h), for n >= 0
      * and any j0 >= 0 (not only multiples of 4):
      *   z[jj] = draw(j) < threshold ? keep_scale : 0.0f   for jj < n, j = j0 + jj
@@ -216,8 +220,8 @@ extern const sdpa__ukernels sdpa__uk_generic;
  * (dropout_generic.c). */
 void sdpa__pack_q_generic(int64_t nr, int64_t dk, const float *const *rows, float *qt, int64_t ldq);
 void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride, float *dst);
-void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,
-                             int64_t stride);
+int sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,
+                            int64_t stride);
 void sdpa__dropout_row_generic(const uint32_t key[2], int64_t b, int64_t h, int64_t i, int64_t j0,
                                int64_t n, uint64_t threshold, float keep_scale, float *z);
 
@@ -226,11 +230,11 @@ void sdpa__dropout_row_generic(const uint32_t key[2], int64_t b, int64_t h, int6
 extern const sdpa__ukernels sdpa__uk_avx2;
 extern const sdpa__ukernels sdpa__uk_avx512;
 void sdpa__load_row_avx2(int elem, int64_t n, const void *src, int64_t stride, float *dst);
-void sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, void *dst,
-                          int64_t stride);
+int sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, void *dst,
+                         int64_t stride);
 void sdpa__load_row_avx512(int elem, int64_t n, const void *src, int64_t stride, float *dst);
-void sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
-                            int64_t stride);
+int sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
+                           int64_t stride);
 /* bias of the x86 tables (bias_<isa>.c): a vector of rows or of keys a step. */
 void sdpa__bias_avx2(int64_t nr, int64_t nk, const float *slope, const double *pos, double step,
                      const float *const *m, float *s, int64_t rs, int64_t js);

@@ -55,22 +55,35 @@ void sdpa__load_row_avx2(int elem, int64_t n, const void *src, int64_t stride, f
         sdpa__load_row_generic(elem, n - c, h + c, 1, dst + c);
 }
 
-void sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, void *dst,
-                          int64_t stride) {
-    if (elem == SDPA__ELEM_F32 || (stride != 1 && n > 1)) {
-        sdpa__store_row_generic(elem, n, src, scale, dst, stride);
-        return;
-    }
-    uint16_t *h = dst;
-    const __m256 sc = _mm256_set1_ps(scale);
+int sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, void *dst,
+                         int64_t stride) {
+    if (stride != 1 && n > 1)
+        return sdpa__store_row_generic(elem, n, src, scale, dst, stride);
+    const __m256 sc = _mm256_set1_ps(scale),
+                 inf_v = _mm256_castsi256_ps(_mm256_set1_epi32(0x7f800000));
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 inf = _mm256_setzero_ps(), nan = _mm256_setzero_ps(); /* lanes all ones if seen */
     int64_t c = 0;
     for (; c + 8 <= n; c += 8) {
-        const __m256 x = canonical_nan(_mm256_mul_ps(_mm256_loadu_ps(src + c), sc));
-        const __m128i r = elem == SDPA__ELEM_F16
-                              ? _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-                              : bf16_round(x);
-        _mm_storeu_si128((__m128i *)(h + c), r);
+        const __m256 v = _mm256_loadu_ps(src + c);
+        inf = _mm256_or_ps(inf, _mm256_cmp_ps(_mm256_and_ps(v, magnitude), inf_v, _CMP_EQ_OQ));
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        const __m256 x = _mm256_mul_ps(v, sc);
+        if (elem == SDPA__ELEM_F32) {
+            _mm256_storeu_ps((float *)dst + c, x);
+            continue;
+        }
+        const __m128i r =
+            elem == SDPA__ELEM_F16
+                ? _mm256_cvtps_ph(canonical_nan(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+                : bf16_round(canonical_nan(x));
+        _mm_storeu_si128((__m128i *)((uint16_t *)dst + c), r);
     }
+    int kinds = (_mm256_movemask_ps(inf) != 0 ? SDPA__STORED_INF : 0) |
+                (_mm256_movemask_ps(nan) != 0 ? SDPA__STORED_NAN : 0);
     if (c < n)
-        sdpa__store_row_generic(elem, n - c, src + c, scale, h + c, 1);
+        kinds |= sdpa__store_row_generic(
+            elem, n - c, src + c, scale,
+            elem == SDPA__ELEM_F32 ? (void *)((float *)dst + c) : (void *)((uint16_t *)dst + c), 1);
+    return kinds;
 }

@@ -7,8 +7,9 @@
  *
  * Every result is bitwise the portable entries' (sdpa__load_row_generic and
  * sdpa__store_row_generic), NaN included: a NaN is stored as the quiet NaN of its sign
- * (0x7e00 / 0xfe00 in f16, 0x7fc0 / 0xffc0 in bf16), as the portable narrowing does. Strided
- * rows (a feature stride other than 1) go to the portable entries.
+ * (0x7e00 / 0xfe00 in f16, 0x7fc0 / 0xffc0 in bf16), as the portable narrowing does; f32 is
+ * stored as the product is. Strided rows (a feature stride other than 1) go to the portable
+ * entries.
  */
 #include "../ukernels.h"
 
@@ -58,17 +59,23 @@ void sdpa__load_row_avx512(int elem, int64_t n, const void *src, int64_t stride,
     }
 }
 
-void sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
-                            int64_t stride) {
-    if (elem == SDPA__ELEM_F32 || (stride != 1 && n > 1)) {
-        sdpa__store_row_generic(elem, n, src, scale, dst, stride);
-        return;
-    }
-    uint16_t *h = dst;
+int sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
+                           int64_t stride) {
+    if (stride != 1 && n > 1)
+        return sdpa__store_row_generic(elem, n, src, scale, dst, stride);
     const __m512 sc = _mm512_set1_ps(scale);
+    __mmask16 inf = 0, nan = 0;
     for (int64_t c = 0; c < n; c += 16) {
         const __mmask16 m = first(n - c);
-        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + c), sc);
-        _mm256_mask_storeu_epi16(h + c, m, narrow(elem, x));
+        const __m512 v = _mm512_maskz_loadu_ps(m, src + c);
+        /* (vfpclassps: 0x08 +Inf, 0x10 -Inf; 0x01 quiet, 0x80 signalling NaN) */
+        inf |= _mm512_fpclass_ps_mask(v, 0x18);
+        nan |= _mm512_fpclass_ps_mask(v, 0x81);
+        const __m512 x = _mm512_mul_ps(v, sc);
+        if (elem == SDPA__ELEM_F32)
+            _mm512_mask_storeu_ps((float *)dst + c, m, x);
+        else
+            _mm256_mask_storeu_epi16((uint16_t *)dst + c, m, narrow(elem, x));
     }
+    return (inf != 0 ? SDPA__STORED_INF : 0) | (nan != 0 ? SDPA__STORED_NAN : 0);
 }

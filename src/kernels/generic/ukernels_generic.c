@@ -409,10 +409,15 @@ void sdpa__load_row_generic(int elem, int64_t n, const void *src, int64_t stride
     }
 }
 
-void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,
-                             int64_t stride) {
+int sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, void *dst,
+                            int64_t stride) {
     uint16_t *h = dst;
+    uint32_t inf = 0, nan = 0;
     for (int64_t c = 0; c < n; c++) {
+        uint32_t u;
+        memcpy(&u, &src[c], sizeof u);
+        inf |= (u & 0x7fffffffu) == 0x7f800000u;
+        nan |= (u & 0x7fffffffu) > 0x7f800000u;
         const float x = src[c] * scale;
         if (elem == SDPA__ELEM_F16)
             h[c * stride] = sdpa__f64_to_f16((double)x);
@@ -421,6 +426,7 @@ void sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale,
         else
             ((float *)dst)[c * stride] = x;
     }
+    return (inf != 0 ? SDPA__STORED_INF : 0) | (nan != 0 ? SDPA__STORED_NAN : 0);
 }
 
 /* bias (ukernels.h), a score at a time. */
