@@ -304,7 +304,8 @@ static void test_convert_rows(void) {
             u = (u & 0x807fffffu) | ((uint32_t)(96 + tu_next(&rng) % 48) << 23);
         memcpy(&f[c], &u, sizeof u);
     }
-    static const float scales[] = {1.0f, 0.5f, 3.0f, 1e-30f};
+    /* (0: an empty row's; NaN: a NaN row's 1 / l, whose NaN must not replace src's) */
+    static const float scales[] = {1.0f, 0.5f, 3.0f, 1e-30f, 0.0f, NAN, INFINITY};
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
     for (int t = 0; t < n_impls; t++) {
@@ -331,7 +332,11 @@ static void test_convert_rows(void) {
             }
             for (size_t sc = 0; sc < sizeof scales / sizeof scales[0]; sc++)
                 for (int64_t len = 1; len <= 37; len++) {
-                    for (int64_t c0 = 0; c0 + len <= NF; c0 += len) {
+                    /* rows one element apart, the buffers filled alike first: an element
+                     * written past a row, or one not written, differs */
+                    memset(hg, 0xa5, 6 * NF * sizeof *hg);
+                    memset(hw, 0xa5, 6 * NF * sizeof *hw);
+                    for (int64_t c0 = 0; c0 + len <= NF; c0 += len + 1) {
                         /* what the row holds besides numbers, as store_row must report it */
                         int kinds = 0;
                         for (int64_t c = c0; c < c0 + len; c++)
@@ -349,16 +354,26 @@ static void test_convert_rows(void) {
                                       uk->name, elem, (long long)c0, (long long)len, got_kinds,
                                       want_kinds, kinds);
                     }
-                    if (memcmp(hg, hw, (size_t)(NF - NF % len) * es) != 0)
+                    if (memcmp(hg, hw, (size_t)NF * es) != 0)
                         CHECK_MSG(bad++ > 0, "[%s] store_row elem %d len %lld scale %g differs",
                                   uk->name, elem, (long long)len, (double)scales[sc]);
                 }
             memset(hg, 0, 6 * NF * sizeof *hg);
             memset(hw, 0, 6 * NF * sizeof *hw);
-            uk->store_row(elem, NF, f, 1.0f, hg, 3);
-            sdpa__store_row_generic(elem, NF, f, 1.0f, hw, 3);
-            if (memcmp(hg, hw, 3 * NF * es) != 0)
+            const int got_kinds = uk->store_row(elem, NF, f, 1.0f, hg, 3);
+            const int want_kinds = sdpa__store_row_generic(elem, NF, f, 1.0f, hw, 3);
+            if (memcmp(hg, hw, 3 * NF * es) != 0 ||
+                got_kinds != (SDPA__STORED_INF | SDPA__STORED_NAN) || want_kinds != got_kinds)
                 CHECK_MSG(bad++ > 0, "[%s] strided store_row elem %d differs", uk->name, elem);
+            for (int c = 0; c < 8; c++) { /* one element, a stride given: the specials */
+                const int k1 = uk->store_row(elem, 1, f + c, 1.0f, hg, 3);
+                const int want1 = isinf(f[c])   ? SDPA__STORED_INF
+                                  : isnan(f[c]) ? SDPA__STORED_NAN
+                                                : 0;
+                if (k1 != want1)
+                    CHECK_MSG(bad++ > 0, "[%s] store_row of one element %d reports %d, not %d",
+                              uk->name, c, k1, want1);
+            }
         }
         printf("    %-8s load_row and store_row: %s\n", uk->name, bad ? "DIFFER" : "bitwise equal");
         CHECK_INT_EQ(bad, 0);

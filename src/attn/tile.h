@@ -38,18 +38,6 @@ static inline int sdpa__has_nonfinite(const float *x, int64_t n, int64_t ld, int
     return bad != 0;
 }
 
-/* Whether x[0, n) holds an Inf (of either sign), by its bits, so that the loop vectorises
- * (isinf's sign-aware result did not: 2-3 % of a decode step at Lk = 1024). */
-static inline int sdpa__has_inf(const float *x, int64_t n) {
-    uint32_t inf = 0;
-    for (int64_t c = 0; c < n; c++) {
-        uint32_t u;
-        memcpy(&u, &x[c], sizeof u);
-        inf |= (u & 0x7fffffffu) == 0x7f800000u;
-    }
-    return inf != 0;
-}
-
 /* Whether w is -0.0, the mark of a hidden weight (the softmax's and exp_lse's): all ones
  * if so, else 0. */
 static inline uint32_t sdpa__hidden_mask(float w) {

@@ -160,9 +160,10 @@ typedef struct sdpa__ukernels {
      * (enum sdpa__elem), exactly (every f16 and bf16 value is an f32). */
     void (*load_row)(int elem, int64_t n, const void *src, int64_t stride, float *dst);
     /* Storing: dst[c * stride] = src[c] * scale, the product formed in f32 and rounded once
-     * to elem, to nearest with ties to even. @return what src[0, n) holds besides numbers:
-     * SDPA__STORED_INF if an Inf (of either sign), | SDPA__STORED_NAN if a NaN, else 0 -- what the
-     * drivers look for in an accumulator as they store it, in the same pass. */
+     * to elem, to nearest with ties to even; where src[c] is a NaN, that NaN made quiet,
+     * whatever the scale. @return what src[0, n) holds besides numbers: SDPA__STORED_INF if
+     * an Inf (of either sign), | SDPA__STORED_NAN if a NaN, else 0 -- what the drivers look
+     * for in an accumulator as they store it, in the same pass. */
     int (*store_row)(int elem, int64_t n, const float *src, float scale, void *dst, int64_t stride);
     /* Dropout's factors for keys [j0, j0 + n) of row (b, h, i) (core/philox.h), for n >= 0
      * and any j0 >= 0 (not only multiples of 4):

@@ -65,10 +65,13 @@ int sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, voi
     __m256 inf = _mm256_setzero_ps(), nan = _mm256_setzero_ps(); /* lanes all ones if seen */
     int64_t c = 0;
     for (; c + 8 <= n; c += 8) {
-        const __m256 v = _mm256_loadu_ps(src + c);
+        const __m256 v = _mm256_loadu_ps(src + c), src_nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
         inf = _mm256_or_ps(inf, _mm256_cmp_ps(_mm256_and_ps(v, magnitude), inf_v, _CMP_EQ_OQ));
-        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        const __m256 x = _mm256_mul_ps(v, sc);
+        nan = _mm256_or_ps(nan, src_nan);
+        /* src's NaN, made quiet, whatever the scale (as the portable entry) */
+        const __m256 x = _mm256_blendv_ps(
+            _mm256_mul_ps(v, sc),
+            _mm256_or_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x00400000))), src_nan);
         if (elem == SDPA__ELEM_F32) {
             _mm256_storeu_ps((float *)dst + c, x);
             continue;

@@ -69,9 +69,14 @@ int sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, v
         const __mmask16 m = first(n - c);
         const __m512 v = _mm512_maskz_loadu_ps(m, src + c);
         /* (vfpclassps: 0x08 +Inf, 0x10 -Inf; 0x01 quiet, 0x80 signalling NaN) */
+        const __mmask16 src_nan = _mm512_fpclass_ps_mask(v, 0x81);
         inf |= _mm512_fpclass_ps_mask(v, 0x18);
-        nan |= _mm512_fpclass_ps_mask(v, 0x81);
-        const __m512 x = _mm512_mul_ps(v, sc);
+        nan |= src_nan;
+        /* src's NaN, made quiet, whatever the scale (as the portable entry) */
+        const __m512 x =
+            _mm512_mask_mov_ps(_mm512_mul_ps(v, sc), src_nan,
+                               _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v),
+                                                                   _mm512_set1_epi32(0x00400000))));
         if (elem == SDPA__ELEM_F32)
             _mm512_mask_storeu_ps((float *)dst + c, m, x);
         else

@@ -417,8 +417,15 @@ int sdpa__store_row_generic(int elem, int64_t n, const float *src, float scale, 
         uint32_t u;
         memcpy(&u, &src[c], sizeof u);
         inf |= (u & 0x7fffffffu) == 0x7f800000u;
-        nan |= (u & 0x7fffffffu) > 0x7f800000u;
-        const float x = src[c] * scale;
+        const int src_nan = (u & 0x7fffffffu) > 0x7f800000u;
+        nan |= (uint32_t)src_nan;
+        /* a NaN of src is what is stored (made quiet), whatever the scale: which of two NaN
+         * operands a product keeps is the compiler's choice of their order */
+        float x = src[c] * scale;
+        if (src_nan) {
+            u |= 0x00400000u;
+            memcpy(&x, &u, sizeof x);
+        }
         if (elem == SDPA__ELEM_F16)
             h[c * stride] = sdpa__f64_to_f16((double)x);
         else if (elem == SDPA__ELEM_BF16)
