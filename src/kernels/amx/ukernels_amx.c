@@ -155,8 +155,8 @@ static int bf16_subnormal(uint32_t h) {
  * features a block, so dk must be a multiple of DK_STEP: a row's 32 values are already its 16
  * pairs, in order, so the block is only turned around, so that pair p of the 16 rows is one
  * vector. (Written a value at a time, down the columns of qt, from the rows widened to f32,
- * this took 18,200 TSC cycles for 256 rows at D = 128 with flash.c's stride of 272, against
- * 6,300 by blocks from the same f32 rows, on an Intel Xeon.) */
+ * this took 66,000-69,000 TSC cycles a 256-row task at D = 128, against 11,000-13,000 now:
+ * bench/mx_kernels.c's pack_q line on an Intel Xeon.) */
 static void amx_pack_q(int64_t nr, int64_t dk, const void *const *rows, void *qt_, int64_t ldq) {
     uint32_t *qt = qt_;
     const int64_t nrp = (nr + TROWS - 1) / TROWS * TROWS;
