@@ -45,6 +45,9 @@ float bench_tdp_amx(int64_t iters, int64_t *flops_per_iter) {
         b[e] = 0x3580; /* 2^-20 */
     }
     _Alignas(64) float out[TROWS * TBYTES / 4];
+    /* (GCC 12's _tile_loadconfig says it reads only a pointer's size of c: the barrier, given
+     * c's address, keeps the stores of colsb and rows, src/kernels/amx/tile_config.h) */
+    __asm__ volatile("" : : "r"(&c) : "memory");
     _tile_loadconfig(&c);
     _tile_zero(0);
     _tile_zero(1);

@@ -25,6 +25,12 @@ static inline void sdpa__tile_config_full(sdpa__tile_config *c) {
         c->colsb[t] = 64;
         c->rows[t] = 16;
     }
+    /* GCC 12's _tile_loadconfig tells the compiler that LDTILECFG reads only a pointer's
+     * size of its operand, so where this is inlined beside it the stores of colsb and rows
+     * may be dropped as dead: the tiles then stay unconfigured and the first tile instruction
+     * faults (it did in bench/isa_rates.c). An empty asm that is given the address and may
+     * read memory keeps every store. */
+    __asm__ volatile("" : : "r"(c) : "memory");
 }
 
 #endif /* SDPA_TILE_CONFIG_H */
