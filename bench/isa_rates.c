@@ -9,7 +9,8 @@
  * permission for its tile data, asked for as sdpa_ctx_create does) it also times TDPBF16PS,
  * TILELOADD and TILESTORED from and to L1, each alone, and the 2 x 2 tile pattern of the AMX
  * table's scores (per step: 2 A and 2 B loads, 4 products) for a reduction of 128 features,
- * with and without the 4 stores that end each block (x86 only; the TSC rate is
+ * with and without the 4 stores that end each block, and how many FMAs a step of 4 products
+ * hides: 4 TDPBF16PS and 64 or 128 FMAs a step, against each alone (x86 only; the TSC rate is
  * /proc/cpuinfo's "cpu MHz" on most Linux guests).
  *
  *     cc -O2 -Iinclude bench/isa_rates.c build/libsdpa.a -lm -lpthread -o /tmp/isa_rates
@@ -217,6 +218,61 @@ __attribute__((target("amx-tile,amx-bf16"))) static double rate_amx(int what, lo
     return (double)(t1 - t0) / (double)count;
 }
 
+/* FMAs beside the tile unit: per step, 4 TDPBF16PS into 4 accumulator tiles (as rate_amx 0)
+ * and `fmas` VFMADD231PS over 8 vector accumulators (a multiple of 8), issued after them;
+ * fmas = 0 times the products alone, and tdp = 0 the FMAs alone. @return TSC cycles per step.
+ * Where the two overlapped, a step would take the longer of the two alone. */
+__attribute__((target("amx-tile,amx-bf16,avx512f,fma"))) static double
+rate_beside(int tdp, int fmas, long steps) {
+    for (int t = 0; t < 8; t++)
+        for (int e = 0; e < 16 * 32; e++) {
+            const uint16_t v = t < 4 ? 0x3f80 : 0x3580;
+            memcpy(tile_mem[t] + 2 * e, &v, 2);
+        }
+    tiles_on();
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, tile_mem[4], 64);
+    _tile_loadd(5, tile_mem[5], 64);
+    _tile_loadd(6, tile_mem[6], 64);
+    _tile_loadd(7, tile_mem[7], 64);
+    const __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0x1p-30f);
+    __m512 a0 = _mm512_set1_ps(0.0f), a1 = _mm512_set1_ps(1.0f), a2 = _mm512_set1_ps(2.0f);
+    __m512 a3 = _mm512_set1_ps(3.0f), a4 = _mm512_set1_ps(4.0f), a5 = _mm512_set1_ps(5.0f);
+    __m512 a6 = _mm512_set1_ps(6.0f), a7 = _mm512_set1_ps(7.0f);
+    const uint64_t t0 = __rdtsc();
+    for (long s = 0; s < steps; s++) {
+        if (tdp) {
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+        for (int k = 0; k < fmas; k += 8) {
+            a0 = _mm512_fmadd_ps(a0, x, y);
+            a1 = _mm512_fmadd_ps(a1, x, y);
+            a2 = _mm512_fmadd_ps(a2, x, y);
+            a3 = _mm512_fmadd_ps(a3, x, y);
+            a4 = _mm512_fmadd_ps(a4, x, y);
+            a5 = _mm512_fmadd_ps(a5, x, y);
+            a6 = _mm512_fmadd_ps(a6, x, y);
+            a7 = _mm512_fmadd_ps(a7, x, y);
+            /* (each FMA done in turn, in registers: none merged or hoisted by the compiler) */
+            __asm__ volatile(""
+                             : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                               "+v"(a7));
+        }
+    }
+    const uint64_t t1 = __rdtsc();
+    _tile_release();
+    sink += _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                      _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))));
+    return (double)(t1 - t0) / (double)steps;
+}
+
 /* The fastest of three runs. */
 #define BEST3(expr)                                                                                \
     ({                                                                                             \
@@ -287,5 +343,16 @@ int main(int argc, char **argv) {
     printf("  2 x 2 scores pattern, per TDPBF16PS: %.3f (%.2fx TDPBF16PS alone); with the "
            "block's 4 stores: %.3f (%.2fx)\n",
            pat, pat / dp, pat_st, pat_st / dp);
+    /* how much vector work a step of 4 products hides: 64 FMAs (alone, about half as long as
+     * the products at the unit's full rate) and 128 (about as long) */
+    const long steps = nt / 4;
+    const double tdp4 = BEST3(rate_beside(1, 0, steps));
+    for (int fmas = 64; fmas <= 128; fmas += 64) {
+        const double alone = BEST3(rate_beside(0, fmas, steps));
+        const double both = BEST3(rate_beside(1, fmas, steps));
+        printf("  4 TDPBF16PS and %3d FMAs a step: %.1f, where the products alone take %.1f and "
+               "the FMAs alone %.1f (overlapped: %.1f; one after the other: %.1f)\n",
+               fmas, both, tdp4, alone, tdp4 > alone ? tdp4 : alone, tdp4 + alone);
+    }
     return 0;
 }
