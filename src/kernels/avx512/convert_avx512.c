@@ -8,8 +8,8 @@
  * Every result is bitwise the portable entries' (sdpa__load_row_generic and
  * sdpa__store_row_generic), NaN included: a NaN is stored as the quiet NaN of its sign
  * (0x7e00 / 0xfe00 in f16, 0x7fc0 / 0xffc0 in bf16), as the portable narrowing does; f32 is
- * stored as the product is. Strided rows (a feature stride other than 1) go to the portable
- * entries.
+ * stored as the product is, but that a NaN of src is kept (made quiet) whatever the scale.
+ * Strided rows (a feature stride other than 1) go to the portable entries.
  */
 #include "../ukernels.h"
 
