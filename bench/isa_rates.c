@@ -117,10 +117,28 @@ __attribute__((target("avx512f,avx512fp16"))) static double rate_fmaph(long n) {
 
 static _Alignas(64) unsigned char tile_mem[8][16 * 64];
 
-__attribute__((target("amx-tile"))) static void tiles_on(void) {
-    sdpa__tile_config c; /* every tile 16 rows of 64 bytes */
+/* The tiles configured (every tile 16 rows of 64 bytes), tiles 0-3 zeroed and 4-7 loaded
+ * from tile_mem, which holds bf16 values of 1.0 (0-3) and 2^-20 (4-7): products of 2^-40, no
+ * subnormal and no overflow. */
+__attribute__((target("amx-tile"))) static void tiles_ready(void) {
+    for (int t = 0; t < 8; t++)
+        for (int e = 0; e < 16 * 32; e++) {
+            const uint16_t v = t < 4 ? 0x3f80 : 0x3580;
+            memcpy(tile_mem[t] + 2 * e, &v, 2);
+        }
+    sdpa__tile_config c;
     sdpa__tile_config_full(&c);
     _tile_loadconfig(&c);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    /* (GCC 12's _tile_loadd does not say it reads memory: the barrier keeps tile_mem filled) */
+    __asm__ volatile("" ::: "memory");
+    _tile_loadd(4, tile_mem[4], 64);
+    _tile_loadd(5, tile_mem[5], 64);
+    _tile_loadd(6, tile_mem[6], 64);
+    _tile_loadd(7, tile_mem[7], 64);
 }
 
 /* 0: TDPBF16PS into 4 accumulators from 4 sources loaded once; 1: TILELOADD of 1 KiB in L1
@@ -129,20 +147,7 @@ __attribute__((target("amx-tile"))) static void tiles_on(void) {
  * the 4 accumulators, per product; 4: the same, each block ended by the 4 accumulators'
  * stores. Bf16 values of 1.0 and 2^-20 products: no subnormal, no overflow. */
 __attribute__((target("amx-tile,amx-bf16"))) static double rate_amx(int what, long n) {
-    for (int t = 0; t < 8; t++)
-        for (int e = 0; e < 16 * 32; e++) {
-            const uint16_t v = t < 4 ? 0x3f80 : 0x3580;
-            memcpy(tile_mem[t] + 2 * e, &v, 2);
-        }
-    tiles_on();
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    _tile_loadd(4, tile_mem[4], 64);
-    _tile_loadd(5, tile_mem[5], 64);
-    _tile_loadd(6, tile_mem[6], 64);
-    _tile_loadd(7, tile_mem[7], 64);
+    tiles_ready();
     long count = 0;
     const uint64_t t0 = __rdtsc();
     if (what == 0) {
@@ -224,20 +229,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static double rate_amx(int what, lo
  * Where the two overlapped, a step would take the longer of the two alone. */
 __attribute__((target("amx-tile,amx-bf16,avx512f,fma"))) static double
 rate_beside(int tdp, int fmas, long steps) {
-    for (int t = 0; t < 8; t++)
-        for (int e = 0; e < 16 * 32; e++) {
-            const uint16_t v = t < 4 ? 0x3f80 : 0x3580;
-            memcpy(tile_mem[t] + 2 * e, &v, 2);
-        }
-    tiles_on();
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    _tile_loadd(4, tile_mem[4], 64);
-    _tile_loadd(5, tile_mem[5], 64);
-    _tile_loadd(6, tile_mem[6], 64);
-    _tile_loadd(7, tile_mem[7], 64);
+    tiles_ready();
     const __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0x1p-30f);
     __m512 a0 = _mm512_set1_ps(0.0f), a1 = _mm512_set1_ps(1.0f), a2 = _mm512_set1_ps(2.0f);
     __m512 a3 = _mm512_set1_ps(3.0f), a4 = _mm512_set1_ps(4.0f), a5 = _mm512_set1_ps(5.0f);
