@@ -54,7 +54,9 @@
 static volatile float sink; /* the results go here, so that nothing is optimised away */
 
 __attribute__((target("avx512f,fma"))) static double rate_fma(long n) {
-    const __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0x1p-30f);
+    __m512 x = _mm512_set1_ps(1.0f);
+    const __m512 y = _mm512_set1_ps(0x1p-30f);
+    __asm__("" : "+v"(x)); /* (an unknown x: a compiler may not make the FMAs adds) */
 #define DECL_F(i) __m512 a##i = _mm512_set1_ps((float)(i));
 #define OP_F(i) a##i = _mm512_fmadd_ps(a##i, x, y);
 #define SUM_F(i) sink += _mm512_reduce_add_ps(a##i);
@@ -224,16 +226,23 @@ __attribute__((target("amx-tile,amx-bf16"))) static double rate_amx(int what, lo
 }
 
 /* FMAs beside the tile unit: per step, 4 TDPBF16PS into 4 accumulator tiles (as rate_amx 0)
- * and `fmas` VFMADD231PS over 8 vector accumulators (a multiple of 8), issued after them;
+ * and `fmas` VFMADD231PS over 16 vector accumulators (a multiple of 16), issued after them;
  * fmas = 0 times the products alone, and tdp = 0 the FMAs alone. @return TSC cycles per step.
  * Where the two overlapped, a step would take the longer of the two alone. */
 __attribute__((target("amx-tile,amx-bf16,avx512f,fma"))) static double
 rate_beside(int tdp, int fmas, long steps) {
     tiles_ready();
-    const __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(0x1p-30f);
-    __m512 a0 = _mm512_set1_ps(0.0f), a1 = _mm512_set1_ps(1.0f), a2 = _mm512_set1_ps(2.0f);
-    __m512 a3 = _mm512_set1_ps(3.0f), a4 = _mm512_set1_ps(4.0f), a5 = _mm512_set1_ps(5.0f);
-    __m512 a6 = _mm512_set1_ps(6.0f), a7 = _mm512_set1_ps(7.0f);
+    __m512 x = _mm512_set1_ps(1.0f);
+    const __m512 y = _mm512_set1_ps(0x1p-30f);
+    __asm__("" : "+v"(x)); /* (an unknown x: a compiler may not make the FMAs adds) */
+    /* 16 accumulators: twice the FMA's latency times its rate, so that they alone run at it */
+#define BESIDE16(M)                                                                                \
+    M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
+#define DECL_B(i) __m512 b##i = _mm512_set1_ps((float)(i));
+#define OP_B16(i) b##i = _mm512_fmadd_ps(b##i, x, y);
+#define KEEP_B(i) __asm__ volatile("" : "+v"(b##i));
+#define SUM_B(i) sink += _mm512_reduce_add_ps(b##i);
+    BESIDE16(DECL_B)
     const uint64_t t0 = __rdtsc();
     for (long s = 0; s < steps; s++) {
         if (tdp) {
@@ -242,26 +251,15 @@ rate_beside(int tdp, int fmas, long steps) {
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
-        for (int k = 0; k < fmas; k += 8) {
-            a0 = _mm512_fmadd_ps(a0, x, y);
-            a1 = _mm512_fmadd_ps(a1, x, y);
-            a2 = _mm512_fmadd_ps(a2, x, y);
-            a3 = _mm512_fmadd_ps(a3, x, y);
-            a4 = _mm512_fmadd_ps(a4, x, y);
-            a5 = _mm512_fmadd_ps(a5, x, y);
-            a6 = _mm512_fmadd_ps(a6, x, y);
-            a7 = _mm512_fmadd_ps(a7, x, y);
+        for (int k = 0; k < fmas; k += 16) {
+            BESIDE16(OP_B16)
             /* (each FMA done in turn, in registers: none merged or hoisted by the compiler) */
-            __asm__ volatile(""
-                             : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
-                               "+v"(a7));
+            BESIDE16(KEEP_B)
         }
     }
     const uint64_t t1 = __rdtsc();
     _tile_release();
-    sink += _mm512_reduce_add_ps(
-        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                      _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))));
+    BESIDE16(SUM_B)
     return (double)(t1 - t0) / (double)steps;
 }
 
