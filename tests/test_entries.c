@@ -308,7 +308,7 @@ static void test_convert_rows(void) {
     }
     /* (0: an empty row's; NaN: a NaN row's 1 / l, whose NaN must not replace src's, and
      * which may carry a payload of either sign, from a NaN in the inputs, that a narrowed
-     * result must not keep; -Inf: a sum l of -0) */
+     * result must not keep; and an infinite scale of either sign) */
     float scales[] = {1.0f, 0.5f, 3.0f, 1e-30f, 0.0f, NAN, INFINITY, 0.0f, 0.0f, -INFINITY};
     const uint32_t payload_nans[2] = {0x7fe12345u, 0xffd0f0f0u};
     memcpy(&scales[7], &payload_nans[0], sizeof scales[7]);

@@ -112,9 +112,10 @@ INLINE void store_step(int elem, __mmask16 m, const float *src, int64_t c, __m51
 }
 
 /* Whole vectors, then the tail in one masked step. Almost every row is plain (an accumulator
- * of numbers, scaled by 1 / l): its vectors take 3 operations besides the conversion, where
- * the NaN handling took 10 more for bf16 and the end of a forward task at L = 512 was a tenth
- * of the task (bench/task_costs.py). */
+ * of numbers, scaled by 1 / l): a vector then takes a load, a class test, a product and its
+ * store besides the conversion, where the NaN handling took about 10 operations more for
+ * bf16, and the end of a forward task (mostly this) took 4-10 % of the task at L = 512,
+ * D = 128 (bench/task_costs.py, flash-amx on an Intel Xeon). */
 int sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
                            int64_t stride) {
     if (stride != 1 && n > 1)
