@@ -10,8 +10,9 @@
  * TILELOADD and TILESTORED from and to L1, each alone, and the 2 x 2 tile pattern of the AMX
  * table's scores (per step: 2 A and 2 B loads, 4 products) for a reduction of 128 features,
  * with and without the 4 stores that end each block, and how many FMAs a step of 4 products
- * hides: 4 TDPBF16PS and 64 or 128 FMAs a step, against each alone (x86 only; the TSC rate is
- * /proc/cpuinfo's "cpu MHz" on most Linux guests).
+ * hides: 4 TDPBF16PS and 64 or 128 FMAs a step, against each alone; then 128 adds, multiplies,
+ * maxes or in-lane shuffles a step, which says which kinds of vector work run alongside the
+ * unit's products (x86 only; the TSC rate is /proc/cpuinfo's "cpu MHz" on most Linux guests).
  *
  *     cc -O2 -Iinclude bench/isa_rates.c build/libsdpa.a -lm -lpthread -o /tmp/isa_rates
  *     /tmp/isa_rates [millions of instructions per figure, default 60]
@@ -225,12 +226,20 @@ __attribute__((target("amx-tile,amx-bf16"))) static double rate_amx(int what, lo
     return (double)(t1 - t0) / (double)count;
 }
 
-/* FMAs beside the tile unit: per step, 4 TDPBF16PS into 4 accumulator tiles (as rate_amx 0)
- * and `fmas` VFMADD231PS over 16 vector accumulators (a multiple of 16), issued after them;
- * fmas = 0 times the products alone, and tdp = 0 the FMAs alone. @return TSC cycles per step.
- * Where the two overlapped, a step would take the longer of the two alone. */
-__attribute__((target("amx-tile,amx-bf16,avx512f,fma"))) static double
-rate_beside(int tdp, int fmas, long steps) {
+/* The vector instructions timed beside the tile unit: which of the vector work a kernel does
+ * between the unit's products runs alongside them. */
+enum beside_op { BESIDE_FMA, BESIDE_ADD, BESIDE_MUL, BESIDE_MAX, BESIDE_SHUFFLE, BESIDE_OPS };
+static const char *const beside_names[BESIDE_OPS] = {"VFMADD231PS", "VADDPS", "VMULPS", "VMAXPS",
+                                                     "VPERMILPS"};
+
+/* Vector instructions beside the tile unit: per step, 4 TDPBF16PS into 4 accumulator tiles
+ * (as rate_amx 0) and `ops` instructions of kind `op` (zmm, a multiple of 16) over 16 vector
+ * accumulators, issued after them; ops = 0 times the products alone, and tdp = 0 the vector
+ * instructions alone. @return TSC cycles per step. Where the two overlapped, a step would take
+ * the longer of the two alone. (Inlined with op a constant: each caller's loop holds one kind.) */
+#define BESIDE_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,fma")))
+BESIDE_TARGET __attribute__((always_inline)) static inline double
+rate_beside(int tdp, enum beside_op op, int ops, long steps) {
     tiles_ready();
     __m512 x = _mm512_set1_ps(1.0f);
     const __m512 y = _mm512_set1_ps(0x1p-30f);
@@ -239,7 +248,11 @@ rate_beside(int tdp, int fmas, long steps) {
 #define BESIDE16(M)                                                                                \
     M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
 #define DECL_B(i) __m512 b##i = _mm512_set1_ps((float)(i));
-#define OP_B16(i) b##i = _mm512_fmadd_ps(b##i, x, y);
+#define FMA_B(i) b##i = _mm512_fmadd_ps(b##i, x, y);
+#define ADD_B(i) b##i = _mm512_add_ps(b##i, y);
+#define MUL_B(i) b##i = _mm512_mul_ps(b##i, x);
+#define MAX_B(i) b##i = _mm512_max_ps(b##i, y);
+#define SHUF_B(i) b##i = _mm512_permute_ps(b##i, 0x1b);
 #define KEEP_B(i) __asm__ volatile("" : "+v"(b##i));
 #define SUM_B(i) sink += _mm512_reduce_add_ps(b##i);
     BESIDE16(DECL_B)
@@ -251,9 +264,26 @@ rate_beside(int tdp, int fmas, long steps) {
             _tile_dpbf16ps(2, 5, 6);
             _tile_dpbf16ps(3, 5, 7);
         }
-        for (int k = 0; k < fmas; k += 16) {
-            BESIDE16(OP_B16)
-            /* (each FMA done in turn, in registers: none merged or hoisted by the compiler) */
+        for (int k = 0; k < ops; k += 16) {
+            switch (op) {
+            case BESIDE_FMA:
+                BESIDE16(FMA_B)
+                break;
+            case BESIDE_ADD:
+                BESIDE16(ADD_B)
+                break;
+            case BESIDE_MUL:
+                BESIDE16(MUL_B)
+                break;
+            case BESIDE_MAX:
+                BESIDE16(MAX_B)
+                break;
+            default:
+                BESIDE16(SHUF_B)
+                break;
+            }
+            /* (each instruction done in turn, in registers: none merged or hoisted by the
+             * compiler) */
             BESIDE16(KEEP_B)
         }
     }
@@ -262,6 +292,25 @@ rate_beside(int tdp, int fmas, long steps) {
     BESIDE16(SUM_B)
     return (double)(t1 - t0) / (double)steps;
 }
+
+/* rate_beside for each kind (a constant there, so that each loop is one kind's). */
+BESIDE_TARGET static double beside_fma(int tdp, int ops, long steps) {
+    return rate_beside(tdp, BESIDE_FMA, ops, steps);
+}
+BESIDE_TARGET static double beside_add(int tdp, int ops, long steps) {
+    return rate_beside(tdp, BESIDE_ADD, ops, steps);
+}
+BESIDE_TARGET static double beside_mul(int tdp, int ops, long steps) {
+    return rate_beside(tdp, BESIDE_MUL, ops, steps);
+}
+BESIDE_TARGET static double beside_max(int tdp, int ops, long steps) {
+    return rate_beside(tdp, BESIDE_MAX, ops, steps);
+}
+BESIDE_TARGET static double beside_shuffle(int tdp, int ops, long steps) {
+    return rate_beside(tdp, BESIDE_SHUFFLE, ops, steps);
+}
+static double (*const beside[BESIDE_OPS])(int, int, long) = {beside_fma, beside_add, beside_mul,
+                                                             beside_max, beside_shuffle};
 
 /* The fastest of three runs. */
 #define BEST3(expr)                                                                                \
@@ -336,13 +385,22 @@ int main(int argc, char **argv) {
     /* how much vector work a step of 4 products hides: 64 FMAs (alone, about half as long as
      * the products at the unit's full rate) and 128 (about as long) */
     const long steps = nt / 4;
-    const double tdp4 = BEST3(rate_beside(1, 0, steps));
+    const double tdp4 = BEST3(beside[BESIDE_FMA](1, 0, steps));
     for (int fmas = 64; fmas <= 128; fmas += 64) {
-        const double alone = BEST3(rate_beside(0, fmas, steps));
-        const double both = BEST3(rate_beside(1, fmas, steps));
+        const double alone = BEST3(beside[BESIDE_FMA](0, fmas, steps));
+        const double both = BEST3(beside[BESIDE_FMA](1, fmas, steps));
         printf("  4 TDPBF16PS and %3d FMAs a step: %.1f, where the products alone take %.1f and "
                "the FMAs alone %.1f (overlapped: %.1f; one after the other: %.1f)\n",
                fmas, both, tdp4, alone, tdp4 > alone ? tdp4 : alone, tdp4 + alone);
+    }
+    /* which kinds of vector work run alongside the products: 128 of each a step */
+    for (int op = BESIDE_ADD; op < BESIDE_OPS; op++) {
+        const double alone = BEST3(beside[op](0, 128, steps));
+        const double both = BEST3(beside[op](1, 128, steps));
+        printf("  4 TDPBF16PS and 128 %-11s a step: %.1f, where the products alone take %.1f "
+               "and the %s alone %.1f (overlapped: %.1f; one after the other: %.1f)\n",
+               beside_names[op], both, tdp4, beside_names[op], alone, tdp4 > alone ? tdp4 : alone,
+               tdp4 + alone);
     }
     return 0;
 }
