@@ -16,6 +16,7 @@
  *
  *     cc -O2 -Iinclude bench/isa_rates.c build/libsdpa.a -lm -lpthread -o /tmp/isa_rates
  *     /tmp/isa_rates [millions of instructions per figure, default 60]
+ *     /tmp/isa_rates --unit    (TDPBF16PS's TSC cycles now, alone: bench/on_fast_unit.sh)
  *
  * Instructions the CPU (or the OS) lacks are reported as skipped. Each figure is the fastest
  * of three runs. Not a test: nothing is checked but that it runs.
@@ -323,7 +324,22 @@ static double (*const beside[BESIDE_OPS])(int, int, long) = {beside_fma, beside_
         best_;                                                                                     \
     })
 
+/* --unit: TDPBF16PS's TSC cycles now, alone on a line (bench/on_fast_unit.sh reads it). */
+static int unit_now(void) {
+    sdpa__cpu cpu;
+    sdpa__cpu_probe(&cpu);
+    sdpa__cpu_request_tiles(&cpu);
+    if ((cpu.features & SDPA__NEEDS_AMX) != SDPA__NEEDS_AMX) {
+        fprintf(stderr, "isa_rates: no AMX-BF16, or no tile permission from the OS\n");
+        return 2;
+    }
+    printf("%.1f\n", rate_amx(0, 80000)); /* about 2.5 ms at the unit's full rate */
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--unit") == 0)
+        return unit_now();
     const long millions = argc > 1 ? atol(argv[1]) : 60;
     if (millions < 1 || millions > 100000) {
         fprintf(stderr, "isa_rates: millions of instructions per figure: 1..100000\n");
