@@ -162,10 +162,23 @@ void bench_shape_spec(const bench_shape *s, char *buf, size_t cap);
  * from /sys/devices/system/cpu/cpu0/cache, or 0). */
 void bench_cpu_info(bench_run *run);
 
-/* Prints the human-readable table. */
+/* The spread beyond which the start and end peaks of a run say it was disturbed: the machine
+ * was busy during part of it (another tenant; on some of our VMs, two cores' FMA units, or
+ * one vCPU's tile unit, slowing for minutes), so that its figures measure the machine, not
+ * the code. run_peers.py warns at the same 15 %. */
+#define BENCH_PEAK_SPREAD 0.15
+
+/* @return |a - b| / min(a, b): how far two measurements of one peak are apart; NAN unless
+ *         both are finite and positive. */
+double bench_peak_spread(double a, double b);
+
+/* Prints the human-readable table, with a note where the start and end FMA peaks (or the AMX
+ * tile peaks) are more than BENCH_PEAK_SPREAD apart. */
 void bench_print_table(FILE *f, const bench_run *run, const bench_result *rs, int n);
 
-/* Writes every figure as one JSON object. The caller checks ferror(f). */
+/* Writes every figure as one JSON object, with the peaks' spreads (peak.fma_spread,
+ * peak.tile_spread: bench_peak_spread of start and end, null where not measured) and
+ * peak.disturbed (either above BENCH_PEAK_SPREAD). The caller checks ferror(f). */
 void bench_write_json(FILE *f, const bench_run *run, const bench_result *rs, int n);
 
 #endif

@@ -136,6 +136,17 @@ static double pct_tile(const bench_run *ri, const bench_result *r) {
     return 100.0 * ratio(r->flops / r->t_med * 1e-9, ri->peak_tile_gflops);
 }
 
+double bench_peak_spread(double a, double b) {
+    if (!(isfinite(a) && isfinite(b) && a > 0.0 && b > 0.0))
+        return NAN;
+    return fabs(a - b) / (a < b ? a : b);
+}
+
+/* Whether a spread of a run's start and end peaks says the run was disturbed. */
+static int spread_high(double spread) {
+    return isfinite(spread) && spread > BENCH_PEAK_SPREAD;
+}
+
 void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int n) {
     fprintf(f, "sdpa bench: sdpa %s, kernel %s (isa %s), %d thread%s, %s\n", sdpa_version(),
             ri->kernel, ri->isa, ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->date);
@@ -159,6 +170,15 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
                 ri->peak_start.n_threads, ri->peak_start.n_threads == 1 ? "" : "s",
                 ri->peak_start.tile_gflops, ri->peak_end.tile_gflops);
     fputc('\n', f);
+    const double fma = bench_peak_spread(ri->peak_start.gflops, ri->peak_end.gflops);
+    const double tile = bench_peak_spread(ri->peak_start.tile_gflops, ri->peak_end.tile_gflops);
+    if (spread_high(fma) || spread_high(tile))
+        fprintf(f,
+                "note: the %s at the start and at the end differ by %.0f %%: the machine was "
+                "busy during part of this run, so its figures measure the machine as much as "
+                "the code; run it again before trusting them\n\n",
+                spread_high(fma) ? "FMA peaks" : "AMX tile peaks",
+                100.0 * (spread_high(fma) ? fma : tile));
     if (strcmp(sdpa_isa_name(ri->peak_start.isa), ri->isa) != 0)
         fprintf(f,
                 "note: the peak loop (%s) is below the kernels (%s): %%peak is against a peak "
@@ -306,6 +326,14 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
     json_number(f, ri->peak_gflops);
     fputs(",\n    \"read_gbs\": ", f);
     json_number(f, ri->peak_gbs);
+    const double fma = bench_peak_spread(ri->peak_start.gflops, ri->peak_end.gflops);
+    const double tile = bench_peak_spread(ri->peak_start.tile_gflops, ri->peak_end.tile_gflops);
+    fputs(",\n    \"fma_spread\": ", f);
+    json_number(f, fma);
+    fputs(",\n    \"tile_spread\": ", f);
+    json_number(f, tile);
+    fprintf(f, ",\n    \"disturbed\": %s",
+            spread_high(fma) || spread_high(tile) ? "true" : "false");
     fputs("\n  },\n  \"shapes\": [", f);
     for (int i = 0; i < n; i++) {
         const bench_result *r = &rs[i];
