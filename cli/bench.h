@@ -165,11 +165,12 @@ void bench_cpu_info(bench_run *run);
 /* The spread beyond which the start and end peaks of a run say it was disturbed: the machine
  * was busy during part of it (another tenant; on some of our VMs, two cores' FMA units, or
  * one vCPU's tile unit, slowing for minutes), so that its figures measure the machine, not
- * the code. run_peers.py warns at the same 15 %. */
+ * the code. bench/peers/run_peers.py warns at the same 15 % of the higher peak. */
 #define BENCH_PEAK_SPREAD 0.15
 
-/* @return |a - b| / min(a, b): how far two measurements of one peak are apart; NAN unless
- *         both are finite and positive. */
+/* @return |a - b| / max(a, b): how far two measurements of one peak are apart, as a share of
+ *         the higher (as bench/ab.py and run_peers.py measure it); NAN unless both are finite
+ *         and positive. */
 double bench_peak_spread(double a, double b);
 
 /* Prints the human-readable table, with a note where the start and end FMA peaks (or the AMX

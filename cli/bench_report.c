@@ -139,7 +139,7 @@ static double pct_tile(const bench_run *ri, const bench_result *r) {
 double bench_peak_spread(double a, double b) {
     if (!(isfinite(a) && isfinite(b) && a > 0.0 && b > 0.0))
         return NAN;
-    return fabs(a - b) / (a < b ? a : b);
+    return fabs(a - b) / (a > b ? a : b);
 }
 
 /* Whether a spread of a run's start and end peaks says the run was disturbed. */
@@ -172,13 +172,24 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
     fputc('\n', f);
     const double fma = bench_peak_spread(ri->peak_start.gflops, ri->peak_end.gflops);
     const double tile = bench_peak_spread(ri->peak_start.tile_gflops, ri->peak_end.tile_gflops);
-    if (spread_high(fma) || spread_high(tile))
+    if (spread_high(fma) || spread_high(tile)) {
+        char moved[160];
+        if (spread_high(fma) && spread_high(tile))
+            snprintf(moved, sizeof moved,
+                     "the FMA peaks and the AMX tile peaks at the start and at the end differ by "
+                     "%.1f %% and %.1f %% of the higher",
+                     100.0 * fma, 100.0 * tile);
+        else
+            snprintf(moved, sizeof moved,
+                     "the %s at the start and at the end differ by %.1f %% of the higher",
+                     spread_high(fma) ? "FMA peaks" : "AMX tile peaks",
+                     100.0 * (spread_high(fma) ? fma : tile));
         fprintf(f,
-                "note: the %s at the start and at the end differ by %.0f %%: the machine was "
-                "busy during part of this run, so its figures measure the machine as much as "
-                "the code; run it again before trusting them\n\n",
-                spread_high(fma) ? "FMA peaks" : "AMX tile peaks",
-                100.0 * (spread_high(fma) ? fma : tile));
+                "note: %s (more than %.0f %%): the machine was busy during part of this run, so "
+                "its figures measure the machine as much as the code; run it again before "
+                "trusting them\n\n",
+                moved, 100.0 * BENCH_PEAK_SPREAD);
+    }
     if (strcmp(sdpa_isa_name(ri->peak_start.isa), ri->isa) != 0)
         fprintf(f,
                 "note: the peak loop (%s) is below the kernels (%s): %%peak is against a peak "

@@ -15,8 +15,8 @@
 
 static void test_spread(void) {
     CHECK_NEAR(bench_peak_spread(300.0, 300.0), 0.0, 0.0);
-    CHECK_NEAR(bench_peak_spread(300.0, 200.0), 0.5, 1e-12);
-    CHECK_NEAR(bench_peak_spread(200.0, 300.0), 0.5, 1e-12); /* symmetric */
+    CHECK_NEAR(bench_peak_spread(300.0, 200.0), 1.0 / 3.0, 1e-12); /* of the higher */
+    CHECK_NEAR(bench_peak_spread(200.0, 300.0), 1.0 / 3.0, 1e-12); /* symmetric */
     CHECK(isnan(bench_peak_spread(NAN, 300.0)));
     CHECK(isnan(bench_peak_spread(300.0, NAN)));
     CHECK(isnan(bench_peak_spread(0.0, 300.0)));
@@ -79,19 +79,27 @@ static void test_notes(void) {
     bench_run r = made_up(300.0, 310.0, NAN, NAN); /* 3 %: a quiet run */
     expect(&r, NULL, "\"disturbed\": false");
     expect(&r, NULL, "\"tile_spread\": null");
-    r = made_up(300.0, 200.0, NAN, NAN); /* the FMA units halved for part of it */
-    expect(&r, "the FMA peaks at the start and at the end differ by 50 %", "\"disturbed\": true");
-    expect(&r, "run it again", "\"fma_spread\": 0.5,");
-    r = made_up(300.0, 340.0, NAN, NAN); /* 13 %: under the limit */
-    expect(&r, NULL, "\"disturbed\": false");
-    r = made_up(300.0, 305.0, 2200.0, 1000.0); /* the tile unit slowed, the FMAs did not */
-    expect(&r, "the AMX tile peaks at the start and at the end differ by 120 %",
+    r = made_up(300.0, 200.0, NAN, NAN); /* the FMA units slowed for part of it */
+    expect(&r, "the FMA peaks at the start and at the end differ by 33.3 % of the higher",
            "\"disturbed\": true");
-    expect(&r, "was busy", "\"tile_spread\": 1.2,");
+    expect(&r, "run it again", "\"fma_spread\": 0.333333333,");
+    r = made_up(300.0, 340.0, NAN, NAN); /* 11.8 %: under the limit */
+    expect(&r, NULL, "\"disturbed\": false");
+    r = made_up(300.0, 255.0, NAN, NAN); /* 15 % exactly: not more than the limit */
+    expect(&r, NULL, "\"disturbed\": false");
+    r = made_up(300.0, 362.0, NAN, NAN); /* 17.1 %: just over it */
+    expect(&r, "differ by 17.1 % of the higher (more than 15 %)", "\"disturbed\": true");
+    r = made_up(300.0, 305.0, 2200.0, 1000.0); /* the tile unit slowed, the FMAs did not */
+    expect(&r, "the AMX tile peaks at the start and at the end differ by 54.5 % of the higher",
+           "\"disturbed\": true");
+    expect(&r, "was busy", "\"tile_spread\": 0.545454545,");
     r = made_up(300.0, 305.0, 2200.0, 2150.0); /* both quiet */
     expect(&r, NULL, "\"disturbed\": false");
-    r = made_up(300.0, 150.0, 2200.0, 1000.0); /* both moved: the FMA's is named */
-    expect(&r, "the FMA peaks at the start and at the end differ by 100 %", "\"disturbed\": true");
+    r = made_up(300.0, 150.0, 2200.0, 1000.0); /* both moved: both are named */
+    expect(&r,
+           "the FMA peaks and the AMX tile peaks at the start and at the end differ by 50.0 % "
+           "and 54.5 % of the higher",
+           "\"disturbed\": true");
 }
 
 CHECK_MAIN(CASE(test_spread), CASE(test_notes))
