@@ -5,7 +5,8 @@
 #
 # valgrind runs a program's threads one at a time, so the tests run side by side, up to
 # MEMCHECK_JOBS at once (default: the number of CPUs), the longest first; each says its result
-# as it ends. (One after the other they took 170 s of a CI run on 2 cores, test_semantics 91.)
+# as it ends. (On 2 cores the suite took 170 s one after the other in a CI run, and 85-110 s
+# side by side: test_semantics alone takes 85-99 s of it.)
 #
 # valgrind 3.19 does not decode AVX-512, so the library is capped at AVX2 (SDPA_MAX_ISA) for
 # these runs; the AVX-512 kernels are covered by the ASan and TSan builds.
@@ -33,29 +34,31 @@ for t in "${tests[@]}"; do
     fi
 done
 
-# one test under memcheck: its log in the build directory, its verdict on stdout
+# One test under memcheck: its log in the build directory, its verdict on stdout in one
+# write (with the log's last 30 lines where it failed), so that the verdicts of tests that
+# end together do not interleave.
 check() {
-    local t=$1 start rc=0
+    local t=$1 start rc=0 verdict
     start=$(date +%s)
     valgrind -q --error-exitcode=99 --leak-check=full --show-leak-kinds=definite,indirect \
         --errors-for-leak-kinds=definite,indirect "$build/tests/$t" > "$build/memcheck_$t.log" 2>&1 ||
         rc=$?
     if [ $rc -eq 0 ]; then
-        echo "memcheck: $t clean ($(tail -n 1 "$build/memcheck_$t.log"), $(( $(date +%s) - start )) s)"
+        verdict="memcheck: $t clean ($(tail -n 1 "$build/memcheck_$t.log"), $(( $(date +%s) - start )) s)"
     else
-        echo "memcheck: $t FAILED (exit $rc; see $build/memcheck_$t.log)"
-        tail -n 30 "$build/memcheck_$t.log"
+        verdict="memcheck: $t FAILED (exit $rc; see $build/memcheck_$t.log)
+$(tail -n 30 "$build/memcheck_$t.log")"
     fi
+    printf '%s\n' "$verdict"
     return $rc
 }
 
 jobs=${MEMCHECK_JOBS:-$(nproc 2>/dev/null || echo 2)}
-case $jobs in
-'' | *[!0-9]* | 0)
+if ! [[ $jobs =~ ^[0-9]+$ ]] || [ $((10#$jobs)) -lt 1 ]; then
     echo "memcheck: MEMCHECK_JOBS must be a positive number, not '$jobs'" >&2
     exit 2
-    ;;
-esac
+fi
+jobs=$((10#$jobs))
 failed=0
 running=0
 for t in "${tests[@]}"; do
