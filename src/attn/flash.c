@@ -569,7 +569,10 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     const int64_t b = t.b, hk = t.hk, bh = t.bh, qb = t.qb, rows = t.rows, rp = pl->rp;
     const int64_t rows_all = t.rows_all;
     float *qt = tr.qt, *s = tr.s, *o = tr.o, *m = tr.m, *l = tr.l, *alpha = tr.alpha;
-    memset(o, 0, (size_t)(t.rows_all * pl->dvp) * sizeof *o);
+    /* O's accumulator starts at zero: zeroed here before the first slice's P V, unless that is
+     * the matrix unit's over every row, which writes it whole (it took 6,500-7,400 TSC cycles
+     * of a 256-row task at D = 128, bench/task_costs.py, about 1 % of a causal one) */
+    int o_ready = 0;
 
     key_slice sl;
     int v_asked = 0; /* the previous slice's pv_few asked for this slice's V rows */
@@ -662,9 +665,13 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         else if (!mx && (!v_few || hidden))
             vt = tile_rows(uk, p, &p->v, pl->v_direct, b, hk, js, nk, p->Dv, tr.vpack, &ldv);
         v_asked = 0;
+        const int o_first = !o_ready && mx && r0 == 0 && r1use == rows_all;
+        if (!o_ready && !o_first)
+            memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);
+        o_ready = 1;
         if (mx) { /* (which keeps a hidden key's NaN out itself) */
-            pl->mx->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, kv_row(p, &p->v, b, hk, js),
-                       p->v.stride[2], o0, pl->dvp);
+            pl->mx->pv(nk, r1use - r0, p->Dv, s0, rp, o_first ? NULL : alpha + r0,
+                       kv_row(p, &p->v, b, hk, js), p->v.stride[2], o0, pl->dvp);
         } else if (hidden && sdpa__has_nonfinite(vt, nk, ldv, p->Dv)) {
             uk->pv_careful(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
             /* a +0 weight (dropped, or underflowed) still lets 0 x NaN in */
@@ -680,6 +687,8 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         } else
             uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
     }
+    if (!o_ready) /* no slice: every row saw nothing */
+        memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);
 
     /* O = acc / l, LSE = m + log l (summed in double: one rounding, not three); rows that saw
      * nothing: 0 and -inf. A chunk of a split task leaves them as its partial. */

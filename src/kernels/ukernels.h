@@ -205,7 +205,8 @@ typedef struct sdpa__mx_kernels {
      * changes no bit of o, whatever its V holds (NaN, Inf): pv_careful's guarantee. nk <=
      * keys_max. A weight below 2^-126 (an f32 subnormal) may count as 0: the driver takes the
      * unit only with a vector table whose softmax scales its weights out of that range
-     * (weight_exp2 > 0). */
+     * (weight_exp2 > 0). alpha NULL: o = P V, the rows' old values never read (the driver's
+     * first slice over every row of a task, so that the accumulator needs no zeroing). */
     void (*pv)(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp, const float *alpha,
                const void *v, int64_t ldv, float *o, int64_t ldo);
 } sdpa__mx_kernels;

@@ -419,9 +419,15 @@ static void pt_block(int64_t nk, int64_t nk32, const float *p, int64_t ldp, int6
 
 /* o = alpha o + P V for rn rows of n tiles of 16 columns (o[r * ldo], pv16[r * 64]), one
  * rounding, in f32: the accumulator never enters a tile, whose sums the unit flushes when
- * subnormal. */
+ * subnormal. alpha NULL: o = P V, o not read. */
 static void o_update(int64_t rn, int64_t n, const float *alpha, float *o, int64_t ldo,
                      const float *pv16) {
+    if (alpha == NULL) {
+        for (int64_t r = 0; r < rn; r++)
+            for (int64_t i = 0; i < n; i++)
+                _mm512_storeu_ps(o + r * ldo + 16 * i, _mm512_load_ps(pv16 + r * 64 + 16 * i));
+        return;
+    }
     for (int64_t r = 0; r < rn; r++) {
         const __m512 av = _mm512_set1_ps(alpha[r]);
         float *orow = o + r * ldo;
@@ -441,7 +447,7 @@ static void o_update(int64_t rn, int64_t n, const float *alpha, float *o, int64_
  * key's weight -0.0 must not meet) goes to the unit as 0, and its products are then added in
  * f32 for the rows that see its key (weight not -0.0; a +0 weight gives 0 x Inf = NaN, as in
  * the reference): a hidden key changes no bit of a row, whatever its V holds. Rows of o from
- * nr are not written. */
+ * nr are not written. alpha NULL: o = P V, o read by none of it (it may hold anything). */
 static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t ldp,
                    const float *alpha, const void *v_, int64_t ldv, float *o, int64_t ldo) {
     const uint16_t *v = v_;
@@ -517,8 +523,8 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
             if (cb == 0 && rb + 1 < nrb)
                 pt_block(nk, nk32, p, ldp, r0 + TROWS, pts[(rb + 1) & 1]);
             if (due_r0 >= 0)
-                o_update(due_rn, due_n, alpha + due_r0, o + due_r0 * ldo + due_cb * 16, ldo,
-                         pv16s[due_buf]);
+                o_update(due_rn, due_n, alpha != NULL ? alpha + due_r0 : NULL,
+                         o + due_r0 * ldo + due_cb * 16, ldo, pv16s[due_buf]);
             due_buf ^= 1;
             float *pv16 = pv16s[due_buf];
             TSTORE(0, pv16, 64 * 4);
@@ -536,8 +542,8 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
     }
     TILES_END();
     if (due_r0 >= 0)
-        o_update(due_rn, due_n, alpha + due_r0, o + due_r0 * ldo + due_cb * 16, ldo,
-                 pv16s[due_buf]);
+        o_update(due_rn, due_n, alpha != NULL ? alpha + due_r0 : NULL,
+                 o + due_r0 * ldo + due_cb * 16, ldo, pv16s[due_buf]);
     if (!special)
         return;
     for (int64_t j = 0; j < nk; j++) {
