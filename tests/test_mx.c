@@ -140,12 +140,14 @@ static int check_rule(const char *name, mx_problem *m, sdpa_isa level, int diffe
 }
 
 /* Shapes around the unit's tiles (16 rows, 16 keys, 32 features of K, 16 of V; 2 x 2 blocks)
- * and the driver's (64 keys a tile, 128 rows a task), unmasked and causal. */
+ * and the driver's (64 or 128 keys a tile, 256 rows a task; a causal tile over more than 64
+ * rows it cuts taken as a half tile, L 256 and 320/384 at Dv <= 64), unmasked and causal. */
 static void test_mx_shapes(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n = mx_impls(impls, "shapes");
-    static const int64_t lens[][2] = {{1, 1},   {16, 16}, {15, 17}, {17, 33},   {33, 65},
-                                      {64, 64}, {3, 130}, {130, 3}, {129, 200}, {200, 129}};
+    static const int64_t lens[][2] = {{1, 1},     {16, 16},   {15, 17},   {17, 33},
+                                      {33, 65},   {64, 64},   {3, 130},   {130, 3},
+                                      {129, 200}, {200, 129}, {256, 256}, {320, 384}};
     static const int64_t dims[][2] = {{32, 16}, {64, 64}, {128, 128}, {96, 48}, {64, 144}};
     for (int t = 0; t < n; t++)
         for (size_t a = 0; a < sizeof lens / sizeof lens[0]; a++)

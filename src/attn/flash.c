@@ -61,7 +61,7 @@ enum { MX_TARGET_ROWS = 256 };
  * forward's three steps from 29.2 to 27.9 TSC cycles per key and 16 rows at D = 64, and from
  * 43.3 to 47.0 at D = 128, where V's pairs for 128 keys take 32 KiB. */
 enum { MX_KEY_TILE = 128, MX_PAIRS_BYTES = 16 << 10 };
-enum { MX_MERGE_ROWS = 64 };
+enum { MX_MERGE_ROWS = 64, HALF_TILE_MIN = 64 };
 
 /* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
  * decode step: B x Hkv tasks of one or a few rows -- cannot keep many workers busy, so each
@@ -406,14 +406,18 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack,
  * of it, the window applied to its scores: the hidden pairs it computes cost less than a pass
  * 1's calls (two of 32 keys: their K scans, V's pairs packed again, O updated twice). A causal
  * bf16 forward ran 1.027 and 1.055 times as fast at 1,8,2048,2048,128 and 1,16,1024,1024,128
- * (bench/ab.py --best, 1 thread, an Intel Xeon with AMX).
+ * (bench/ab.py --best, 1 thread, an Intel Xeon with AMX). Where a whole tile cuts more rows
+ * than that (128 keys, at D = 64) but its first half does not, the tile is that half (and the
+ * next tile starts after it): 1.027 and 1.046 at 1,16,2048,2048,64 and 1,16,1024,1024,64
+ * causal; taking the whole 128-key tile over every row instead gave 0.97-1.02.
  * Each row meets its keys in increasing order, though slices as a whole do not (pass 1, and
  * a second range of rows, go back to keys already visited). A slice of a paged cache never
  * crosses a page. */
 typedef struct key_slice {
     int64_t jlo, jhi; /* the keys any row of the task may see, within its chunk */
     int64_t tile;     /* keys per tile (the plan's key_tile) */
-    int64_t j0;       /* the tile: keys [ja, jb) of [j0, j0 + tile) */
+    int64_t len;      /* this tile's: tile, or half of it */
+    int64_t j0;       /* the tile: keys [ja, jb) of [j0, j0 + len) */
     int64_t ja, jb;
     int pass;       /* 0 or 1, as above */
     int64_t wa, wb; /* pass 0's rows, lane-aligned (wb may be the task's rows, or any row where
@@ -440,6 +444,7 @@ static void slices_begin(const flash_plan *pl, const task_rows *t, int64_t chunk
         sl->jlo = sl->jhi = 0;
     sl->tile = pl->key_tile;
     sl->merge_rows = pl->mx != NULL ? MX_MERGE_ROWS : 0;
+    sl->len = sl->tile;
     sl->j0 = sl->jlo / sl->tile * sl->tile - sl->tile; /* before the first tile */
     sl->pass = 1; /* (so that the first slices_next moves to the first tile) */
 }
@@ -452,12 +457,13 @@ static void slice_rows(const task_rows *t, int lanes, int64_t r0, int64_t r1, ke
     sl->r1use = sl->r1pad < t->rows ? sl->r1pad : t->rows;
 }
 
-/* Moves to the next tile: its keys and pass 0's rows (all that see a key of it, where merged). */
-static void next_tile(const task_rows *t, int lanes, key_slice *sl) {
+/* The tile of len keys from j0: its keys and pass 0's rows (all that see a key of it, where
+ * merged). */
+static void tile_at(const task_rows *t, int lanes, int64_t len, key_slice *sl) {
     const sdpa__problem *p = t->p;
-    sl->j0 += sl->tile;
+    sl->len = len;
     sl->ja = sl->j0 > sl->jlo ? sl->j0 : sl->jlo;
-    sl->jb = sl->j0 + sl->tile < sl->jhi ? sl->j0 + sl->tile : sl->jhi;
+    sl->jb = sl->j0 + len < sl->jhi ? sl->j0 + len : sl->jhi;
     int64_t first, last;
     sdpa__block_queries_whole(p, sl->ja, sl->jb, t->i0, t->i0 + t->nq, &first, &last);
     sl->wa = sl->wb = 0;
@@ -489,6 +495,19 @@ static void next_tile(const task_rows *t, int lanes, key_slice *sl) {
     sl->js = sl->ja;
 }
 
+/* Moves to the next tile: the plan's tile of keys, or half of it where only that half can be
+ * merged. */
+static void next_tile(const task_rows *t, int lanes, key_slice *sl) {
+    sl->j0 += sl->len;
+    tile_at(t, lanes, sl->tile, sl);
+    if (sl->merge_rows > 0 && !sl->merged && !(sl->wa == 0 && sl->wb == t->rows) &&
+        sl->tile >= 2 * HALF_TILE_MIN) {
+        tile_at(t, lanes, sl->tile / 2, sl);
+        if (!sl->merged)
+            tile_at(t, lanes, sl->tile, sl);
+    }
+}
+
 /* A row's LSE from its softmax's running max m and sum l, which the table gives times
  * 2^weight_exp2 (ukernels.h): m + log l, summed in double (one rounding, not three); -inf for
  * a row that saw nothing. */
@@ -513,7 +532,7 @@ static int slices_next(const flash_plan *pl, const task_rows *t, key_slice *sl) 
                 sl->pass = 1;
                 sl->js = sl->ja;
             } else {
-                if (sl->j0 + sl->tile >= sl->jhi)
+                if (sl->j0 + sl->len >= sl->jhi)
                     return 0;
                 next_tile(t, lanes, sl);
             }
