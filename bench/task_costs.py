@@ -49,26 +49,27 @@ EDITS = [
      "    const unsigned long long tc1 = __rdtsc();\n"
      "    tc_cycles[0] += tc1 - tc0;\n"
      "    tc_tasks++;\n"),
-    ("    int o_ready = 0;\n",
-     "    int o_ready = 0;\n"
+    # the zeroing: at the start for a vector table, else before the matrix unit's first P V
+    # (none where it covers every row) or after no slice at all
+    ("    int o_ready = pl->mx == NULL;\n    if (o_ready)\n        memset(o, 0, o_bytes);\n",
+     "    int o_ready = pl->mx == NULL;\n    if (o_ready)\n        memset(o, 0, o_bytes);\n"
      "    const unsigned long long tc2 = __rdtsc();\n"
      "    unsigned long long tc_zero = 0;\n"),
-    # the zeroing, where it happens: before the first slice's P V, or after no slice at all
-    ("            memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);\n",
+    ("            memset(o, 0, o_bytes);\n",
      "        {\n"
      "            const unsigned long long z0 = __rdtsc();\n"
-     "            memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);\n"
+     "            memset(o, 0, o_bytes);\n"
      "            tc_zero += __rdtsc() - z0;\n"
      "        }\n"),
-    ("        memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);\n",
-     "    {\n"
+    ("    if (!o_ready) /* no slice: every row saw nothing */\n        memset(o, 0, o_bytes);\n",
+     "    if (!o_ready) {\n"
      "        const unsigned long long z0 = __rdtsc();\n"
-     "        memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);\n"
+     "        memset(o, 0, o_bytes);\n"
      "        tc_zero += __rdtsc() - z0;\n"
      "    }\n"),
     ("    const sdpa_tensor *out = pl->out;\n",
      "    const unsigned long long tc3 = __rdtsc();\n"
-     "    tc_cycles[1] += tc_zero;\n"
+     "    tc_cycles[1] += tc2 - tc1 + tc_zero;\n"
      "    tc_cycles[2] += tc3 - tc2 - tc_zero;\n"
      "    const sdpa_tensor *out = pl->out;\n"),
 ]
@@ -79,6 +80,8 @@ def instrument(src):
     at = 0
     for anchor, replacement in EDITS:
         i = src.find(anchor, at)
+        if i >= 0 and src.find(anchor, i + 1) >= 0:
+            raise SystemExit("task_costs: flash.c has changed: %r found twice" % anchor.strip())
         if i < 0:
             raise SystemExit("task_costs: flash.c has changed: no %r after offset %d"
                              % (anchor.strip(), at))

@@ -140,8 +140,9 @@ static int check_rule(const char *name, mx_problem *m, sdpa_isa level, int diffe
 }
 
 /* Shapes around the unit's tiles (16 rows, 16 keys, 32 features of K, 16 of V; 2 x 2 blocks)
- * and the driver's (64 or 128 keys a tile, 256 rows a task; a causal tile over more than 64
- * rows it cuts taken as a half tile, L 256 and 320/384 at Dv <= 64), unmasked and causal. */
+ * and the driver's (64 or 128 keys a tile, 256 rows a task), unmasked and causal: 2 query heads
+ * to a kv head, but one at L 256 and 320/384, where the causal diagonal's tiles cut at most 64
+ * rows, so that the driver takes each in one slice, as a half tile at Dv <= 64. */
 static void test_mx_shapes(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n = mx_impls(impls, "shapes");
@@ -154,8 +155,9 @@ static void test_mx_shapes(void) {
             for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
                 if (d > 1 && a % 3 != 0 && lens[a][0] > 16) /* keep the sweep short */
                     continue;
+                const int64_t hq = lens[a][0] >= 256 ? 1 : 2;
                 const mx_case c = {
-                    1,          2,          1,   lens[a][0], lens[a][1],
+                    1,          hq,         1,   lens[a][0], lens[a][1],
                     dims[d][0], dims[d][1], 1.0, 1.0,        a % 2 ? SDPA_BF16 : SDPA_F32};
                 for (int causal = 0; causal < 2; causal++) {
                     mx_problem m = mx_new(&c, 100 + a * 10 + d);

@@ -61,6 +61,8 @@ enum { MX_TARGET_ROWS = 256 };
  * forward's three steps from 29.2 to 27.9 TSC cycles per key and 16 rows at D = 64, and from
  * 43.3 to 47.0 at D = 128, where V's pairs for 128 keys take 32 KiB. */
 enum { MX_KEY_TILE = 128, MX_PAIRS_BYTES = 16 << 10 };
+/* The most rows beyond pass 0's that a matrix unit's tile takes in its one slice (merged),
+ * and the fewest keys of a half tile (slices_next's comment). */
 enum { MX_MERGE_ROWS = 64, HALF_TILE_MIN = 64 };
 
 /* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
@@ -401,15 +403,15 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack,
  *   computed only for the rows that see some key of it (rows are sorted by position, so
  *   those are one range, or two around pass 0's), so that most of the hidden triangle is
  *   skipped while the rows past it still take the tile at once.
- * For a matrix unit, a tile whose rows beyond pass 0's are few (merge_rows: the causal
- * diagonal's tile at D = 128) is instead one slice of pass 0 over every row that sees some key
- * of it, the window applied to its scores: the hidden pairs it computes cost less than a pass
- * 1's calls (two of 32 keys: their K scans, V's pairs packed again, O updated twice). A causal
- * bf16 forward ran 1.027 and 1.055 times as fast at 1,8,2048,2048,128 and 1,16,1024,1024,128
- * (bench/ab.py --best, 1 thread, an Intel Xeon with AMX). Where a whole tile cuts more rows
- * than that (128 keys, at D = 64) but its first half does not, the tile is that half (and the
- * next tile starts after it): 1.027 and 1.046 at 1,16,2048,2048,64 and 1,16,1024,1024,64
- * causal; taking the whole 128-key tile over every row instead gave 0.97-1.02.
+ * For a matrix unit, a tile whose rows beyond pass 0's are few (merge_rows, rows not positions:
+ * the causal diagonal's tile at D = 128 without GQA) is instead one slice of pass 0 over every row
+ * that sees some key of it, the window applied to its scores: the hidden pairs it computes cost
+ * less than a pass 1's calls (two of 32 keys: their K scans, V's pairs packed again, O updated
+ * twice). A causal bf16 forward ran 1.027 and 1.055 times as fast at 1,8,2048,2048,128 and
+ * 1,16,1024,1024,128 (bench/ab.py --best, 1 thread, an Intel Xeon with AMX). Where a whole tile
+ * cuts more rows than that (128 keys, at D = 64) but its first half does not, the tile is that half
+ * (and the next tile starts after it): 1.027 and 1.046 at 1,16,2048,2048,64 and 1,16,1024,1024,64
+ * causal; taking the whole 128-key tile over every row instead gave 0.97-1.10 (noise).
  * Each row meets its keys in increasing order, though slices as a whole do not (pass 1, and
  * a second range of rows, go back to keys already visited). A slice of a paged cache never
  * crosses a page. */
@@ -424,7 +426,8 @@ typedef struct key_slice {
                        merged): empty if equal */
     int whole;      /* every row of the slice sees every key of it: pass 0, not merged */
     int64_t js, nk; /* the slice: keys [js, js + nk) */
-    int64_t r0, r1; /* rows [r0, r1) see a key of it; r0 a multiple of the lanes */
+    int64_t r0, r1; /* rows [r0, r1) see a key of it (of its tile, where merged); r0 a
+                       multiple of the lanes */
     int64_t r1pad;  /* r1 rounded up to the lanes */
     int64_t r1use;  /* r1pad, or the task's rows if fewer */
     int64_t more0, more1; /* pass 1: the slice's rows past pass 0's, still to come */
@@ -457,6 +460,18 @@ static void slice_rows(const task_rows *t, int lanes, int64_t r0, int64_t r1, ke
     sl->r1use = sl->r1pad < t->rows ? sl->r1pad : t->rows;
 }
 
+/* The rows [*r0, *r1) of the task that may see some key of [j0, j1), *r0 a multiple of the
+ * lanes: @return 0 where none does. */
+static int seeing_rows(const task_rows *t, int lanes, int64_t j0, int64_t j1, int64_t *r0,
+                       int64_t *r1) {
+    const sdpa__problem *p = t->p;
+    int64_t first, last;
+    sdpa__block_queries(p, j0, j1, t->i0, t->i0 + t->nq, &first, &last);
+    *r0 = (first - t->i0) * p->group / lanes * lanes;
+    *r1 = (last - t->i0) * p->group;
+    return first < last;
+}
+
 /* The tile of len keys from j0: its keys and pass 0's rows (all that see a key of it, where
  * merged). */
 static void tile_at(const task_rows *t, int lanes, int64_t len, key_slice *sl) {
@@ -481,11 +496,8 @@ static void tile_at(const task_rows *t, int lanes, int64_t len, key_slice *sl) {
     if (sl->merge_rows > 0) {
         /* every row that sees some key of the tile, where those past pass 0's are few */
         int64_t r0, r1;
-        sdpa__block_queries(p, sl->ja, sl->jb, t->i0, t->i0 + t->nq, &first, &last);
-        r0 = (first - t->i0) * p->group / lanes * lanes;
-        r1 = (last - t->i0) * p->group;
-        if (r0 < r1 && (r1 - r0) - (sl->wb - sl->wa) <= sl->merge_rows &&
-            !(r0 == sl->wa && r1 == sl->wb)) {
+        if (seeing_rows(t, lanes, sl->ja, sl->jb, &r0, &r1) &&
+            (r1 - r0) - (sl->wb - sl->wa) <= sl->merge_rows && !(r0 == sl->wa && r1 == sl->wb)) {
             sl->wa = r0;
             sl->wb = r1;
             sl->pass = 0;
@@ -495,16 +507,19 @@ static void tile_at(const task_rows *t, int lanes, int64_t len, key_slice *sl) {
     sl->js = sl->ja;
 }
 
-/* Moves to the next tile: the plan's tile of keys, or half of it where only that half can be
- * merged. */
+/* Moves to the next tile: the plan's tile of keys, or its first half where only that half can
+ * be merged. Only without a left window: there a task's first tile is often cut, and a half
+ * tile would move every later one off the plan's grid (and across more pages). */
 static void next_tile(const task_rows *t, int lanes, key_slice *sl) {
     sl->j0 += sl->len;
     tile_at(t, lanes, sl->tile, sl);
+    const int64_t mid = sl->j0 + sl->tile / 2;
     if (sl->merge_rows > 0 && !sl->merged && !(sl->wa == 0 && sl->wb == t->rows) &&
-        sl->tile >= 2 * HALF_TILE_MIN) {
+        t->p->window_left < 0 && sl->tile >= 2 * HALF_TILE_MIN && sl->ja < mid && mid < sl->jb) {
+        const key_slice full = *sl;
         tile_at(t, lanes, sl->tile / 2, sl);
         if (!sl->merged)
-            tile_at(t, lanes, sl->tile, sl);
+            *sl = full;
     }
 }
 
@@ -527,7 +542,8 @@ static int slices_next(const flash_plan *pl, const task_rows *t, key_slice *sl) 
     for (;;) {
         sl->js += sl->nk;
         if (sl->js >= sl->jb) {
-            /* pass 1 follows unless pass 0 took every row (the window cuts none) */
+            /* pass 1 follows unless pass 0 took every row (the window cuts none, or the
+             * tile was merged) */
             if (sl->pass == 0 && !sl->merged && !(sl->wa == 0 && sl->wb == t->rows)) {
                 sl->pass = 1;
                 sl->js = sl->ja;
@@ -548,12 +564,9 @@ static int slices_next(const flash_plan *pl, const task_rows *t, key_slice *sl) 
             slice_rows(t, lanes, sl->wa, sl->wb, sl);
             return 1;
         }
-        int64_t first, last; /* positions [first, last) see a key of the slice */
-        sdpa__block_queries(p, sl->js, sl->js + sl->nk, t->i0, t->i0 + t->nq, &first, &last);
-        if (first >= last)
+        int64_t r0, r1; /* the rows that see a key of the slice */
+        if (!seeing_rows(t, lanes, sl->js, sl->js + sl->nk, &r0, &r1))
             continue;
-        const int64_t r0 = (first - t->i0) * p->group / lanes * lanes;
-        const int64_t r1 = (last - t->i0) * p->group;
         if (sl->wa == sl->wb) {
             slice_rows(t, lanes, r0, r1, sl);
             return 1;
@@ -588,10 +601,14 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
     const int64_t b = t.b, hk = t.hk, bh = t.bh, qb = t.qb, rows = t.rows, rp = pl->rp;
     const int64_t rows_all = t.rows_all;
     float *qt = tr.qt, *s = tr.s, *o = tr.o, *m = tr.m, *l = tr.l, *alpha = tr.alpha;
-    /* O's accumulator starts at zero: zeroed here before the first slice's P V, unless that is
-     * the matrix unit's over every row, which writes it whole (it took 6,500-7,400 TSC cycles
-     * of a 256-row task at D = 128, bench/task_costs.py, about 1 % of a causal one) */
-    int o_ready = 0;
+    /* O's accumulator starts at zero: zeroed here for a vector table; for a matrix unit before
+     * the first slice's P V, unless that is over every row, which then writes it whole (the
+     * zeroing took 6,500-7,400 TSC cycles of a 256-row task at D = 128, bench/task_costs.py,
+     * about 1 % of a causal one), or after the slices if there was none */
+    const size_t o_bytes = (size_t)(rows_all * pl->dvp) * sizeof *o;
+    int o_ready = pl->mx == NULL;
+    if (o_ready)
+        memset(o, 0, o_bytes);
 
     key_slice sl;
     int v_asked = 0; /* the previous slice's pv_few asked for this slice's V rows */
@@ -686,7 +703,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         v_asked = 0;
         const int o_first = !o_ready && mx && r0 == 0 && r1use == rows_all;
         if (!o_ready && !o_first)
-            memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);
+            memset(o, 0, o_bytes);
         o_ready = 1;
         if (mx) { /* (which keeps a hidden key's NaN out itself) */
             pl->mx->pv(nk, r1use - r0, p->Dv, s0, rp, o_first ? NULL : alpha + r0,
@@ -707,7 +724,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
             uk->pv(nk, r1use - r0, p->Dv, s0, rp, alpha + r0, vt, ldv, o0, pl->dvp);
     }
     if (!o_ready) /* no slice: every row saw nothing */
-        memset(o, 0, (size_t)(rows_all * pl->dvp) * sizeof *o);
+        memset(o, 0, o_bytes);
 
     /* O = acc / l, LSE = m + log l (summed in double: one rounding, not three); rows that saw
      * nothing: 0 and -inf. A chunk of a split task leaves them as its partial. */

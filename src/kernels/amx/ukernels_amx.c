@@ -417,11 +417,13 @@ static void pt_block(int64_t nk, int64_t nk32, const float *p, int64_t ldp, int6
     }
 }
 
-/* o = alpha o + P V for rn rows of n tiles of 16 columns (o[r * ldo], pv16[r * 64]), one
- * rounding, in f32: the accumulator never enters a tile, whose sums the unit flushes when
- * subnormal. alpha NULL: o = P V, o not read. */
-static void o_update(int64_t rn, int64_t n, const float *alpha, float *o, int64_t ldo,
-                     const float *pv16) {
+/* o = alpha o + P V for rn rows from r0 of n tiles of 16 columns from column tile cb (o's
+ * row r at o + (r0 + r) * ldo + 16 cb, its sums at pv16[r * 64]), one rounding, in f32: the
+ * accumulator never enters a tile, whose sums the unit flushes when subnormal. alpha NULL:
+ * o = P V, o not read (a sum the unit flushed to -0 then stays -0, where 0 + -0 gave +0). */
+static void o_update(int64_t r0, int64_t rn, int64_t cb, int64_t n, const float *alpha, float *o,
+                     int64_t ldo, const float *pv16) {
+    o += r0 * ldo + cb * 16;
     if (alpha == NULL) {
         for (int64_t r = 0; r < rn; r++)
             for (int64_t i = 0; i < n; i++)
@@ -429,7 +431,7 @@ static void o_update(int64_t rn, int64_t n, const float *alpha, float *o, int64_
         return;
     }
     for (int64_t r = 0; r < rn; r++) {
-        const __m512 av = _mm512_set1_ps(alpha[r]);
+        const __m512 av = _mm512_set1_ps(alpha[r0 + r]);
         float *orow = o + r * ldo;
         for (int64_t i = 0; i < n; i++)
             _mm512_storeu_ps(orow + 16 * i,
@@ -523,8 +525,7 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
             if (cb == 0 && rb + 1 < nrb)
                 pt_block(nk, nk32, p, ldp, r0 + TROWS, pts[(rb + 1) & 1]);
             if (due_r0 >= 0)
-                o_update(due_rn, due_n, alpha != NULL ? alpha + due_r0 : NULL,
-                         o + due_r0 * ldo + due_cb * 16, ldo, pv16s[due_buf]);
+                o_update(due_r0, due_rn, due_cb, due_n, alpha, o, ldo, pv16s[due_buf]);
             due_buf ^= 1;
             float *pv16 = pv16s[due_buf];
             TSTORE(0, pv16, 64 * 4);
@@ -542,8 +543,7 @@ static void amx_pv(int64_t nk, int64_t nr, int64_t dv, const float *p, int64_t l
     }
     TILES_END();
     if (due_r0 >= 0)
-        o_update(due_rn, due_n, alpha != NULL ? alpha + due_r0 : NULL,
-                 o + due_r0 * ldo + due_cb * 16, ldo, pv16s[due_buf]);
+        o_update(due_r0, due_rn, due_cb, due_n, alpha, o, ldo, pv16s[due_buf]);
     if (!special)
         return;
     for (int64_t j = 0; j < nk; j++) {
