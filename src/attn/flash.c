@@ -62,7 +62,7 @@ enum { MX_TARGET_ROWS = 256 };
  * 43.3 to 47.0 at D = 128, where V's pairs for 128 keys take 32 KiB. */
 enum { MX_KEY_TILE = 128, MX_PAIRS_BYTES = 16 << 10 };
 /* The most rows beyond pass 0's that a matrix unit's tile takes in its one slice (merged),
- * and the fewest keys of a half tile (slices_next's comment). */
+ * and the fewest keys of a half tile (the comment above key_slice). */
 enum { MX_MERGE_ROWS = 64, HALF_TILE_MIN = 64 };
 
 /* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
