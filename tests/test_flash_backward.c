@@ -141,6 +141,27 @@ static sdpa_status backward(sdpa_ctx *ctx, fb_tensors *t) {
     return st;
 }
 
+/* Whether the cases run the backward of impls[n]: not where the CPU lacks the table (the sweeps
+ * say so), nor for a table without a backward of its own (flash-amx: a context capped at its
+ * level runs flash-avx512's backward, on the same micro-kernels, so it would only repeat that
+ * table; main says so once). Under ThreadSanitizer (which runs the determinism cases) only the
+ * last table that would run: the backward's tasks, partials and sums are the same for every
+ * table (flash_backward.c's blocks are multiples of every table's lanes), so a race among them
+ * shows with any, and the generic table's scalar loops take about ten times the vector
+ * tables' time there. */
+static int runs_backward(const tu_impl *impls, int n_impls, int n) {
+    if (!impls[n].runs || impls[n].impl->backward == NULL)
+        return 0;
+#if defined(SDPA_UNDER_TSAN)
+    for (int m = n + 1; m < n_impls; m++)
+        if (impls[m].runs && impls[m].impl->backward != NULL)
+            return 0;
+#else
+    (void)n_impls;
+#endif
+    return 1;
+}
+
 /* The golden: the reference forward (out in the case's storage, as a training step would
  * keep it) into t->o and t->lse, then the reference backward into f32 gradients, as doubles. */
 static int golden(fb_tensors *t, double **gq, double **gk, double **gv) {
@@ -433,11 +454,11 @@ static int run_case(const char *name, const fb_case *c) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
     for (int n = 0; n < n_impls && ok; n++) {
-        if (!impls[n].runs) {
+        if (!impls[n].runs)
             printf("    %-44s [%s] skipped: the CPU lacks %s\n", name, impls[n].name,
                    impls[n].missing);
+        if (!runs_backward(impls, n_impls, n))
             continue;
-        }
         sdpa_ctx *ctx = tu_ctx(2, impls[n].level);
         sdpa_status st;
         t.impl = impls[n].impl;
@@ -500,10 +521,10 @@ static void test_exp_lse(void) {
     const int n_impls = tu_impls(impls);
     for (int n = 0; n < n_impls; n++) {
         const sdpa__ukernels *uk = impls[n].impl->uk;
-        if (!impls[n].runs) {
+        if (!impls[n].runs)
             printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[n].missing);
+        if (!runs_backward(impls, n_impls, n))
             continue;
-        }
         static float s[NK * N], u[N];
         double worst = 0.0;
         for (int r = 0; r < N; r++)
@@ -775,7 +796,7 @@ static void test_hidden_nan(void) {
         tu_impl impls[TU_MAX_IMPLS];
         const int n_impls = tu_impls(impls);
         for (int n = 0; n < n_impls; n++) {
-            if (!impls[n].runs)
+            if (!runs_backward(impls, n_impls, n))
                 continue;
             sdpa_ctx *ctx = tu_ctx(3, impls[n].level);
             clean.impl = dirty.impl = impls[n].impl;
@@ -917,11 +938,11 @@ static void test_deterministic(void) {
         tu_impl impls[TU_MAX_IMPLS];
         const int n_impls = tu_impls(impls);
         for (int n = 0; n < n_impls; n++) {
-            if (!impls[n].runs) {
+            if (!impls[n].runs)
                 printf("    determinism [%s] skipped: the CPU lacks %s\n", impls[n].name,
                        impls[n].missing);
+            if (!runs_backward(impls, n_impls, n))
                 continue;
-            }
             char what[64];
             snprintf(what, sizeof what, "variant %d%s", variant % 2,
                      c.tuned ? ", two kinds of task" : "");
@@ -956,7 +977,7 @@ static void test_deterministic_waves(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
     for (int n = 0; n < n_impls; n++) {
-        if (!impls[n].runs)
+        if (!runs_backward(impls, n_impls, n))
             continue;
         void *want[3], *got[3];
         t.tuned = 0;
@@ -1005,7 +1026,7 @@ static void test_deterministic_waves(void) {
         fb_tensors u;
         make_with_forward(&one, &u);
         for (int n = 0; n < n_impls; n++) {
-            if (!impls[n].runs)
+            if (!runs_backward(impls, n_impls, n))
                 continue;
             void *want[3], *got[3];
             u.tuning.dq_budget = (size_t)32 << 20;
@@ -1055,7 +1076,7 @@ static void test_deterministic_key_groups(void) {
         tu_impl impls[TU_MAX_IMPLS];
         const int n_impls = tu_impls(impls);
         for (int n = 0; n < n_impls; n++) {
-            if (!impls[n].runs)
+            if (!runs_backward(impls, n_impls, n))
                 continue;
             void *want[3], *got[3];
             char what[64];
@@ -1181,7 +1202,7 @@ static void test_widened_rows(void) {
         if (variant == 2 || variant == 3)
             feature_stride_2(&t.dout);
         for (int n = 0; n < n_impls; n++) {
-            if (!impls[n].runs)
+            if (!runs_backward(impls, n_impls, n))
                 continue;
             void *want[3], *got[3];
             char what[64];
@@ -1203,7 +1224,7 @@ static void test_widened_rows(void) {
 
     /* the rule: two steps a chunk, not one; within WIDE_MAX_BYTES (1 worker), not past it (2) */
     for (int n = 0; n < n_impls; n++) {
-        if (!impls[n].runs)
+        if (!runs_backward(impls, n_impls, n))
             continue;
         CHECK_MSG(takes_widened_rows(&impls[n], 1024, 1), "[%s] two steps, 1 worker: not widened",
                   impls[n].name);
@@ -1223,7 +1244,7 @@ static void test_widened_rows(void) {
         t.tuned = 1;
         t.tuning.dq_budget = (size_t)32 << 20;
         for (int n = 0; n < n_impls; n++) {
-            if (!impls[n].runs)
+            if (!runs_backward(impls, n_impls, n))
                 continue;
             t.impl = impls[n].impl;
             tu_failing_alloc fa = {0};
@@ -1362,7 +1383,7 @@ static void test_schedules_agree(void) {
         schedule_case(v, &t);
         static const int chunks[] = {0, 1, 3, 8}, grown_threads[] = {1, 2, 3, 16};
         for (int n = 0; n < n_impls; n++) {
-            if (!impls[n].runs)
+            if (!runs_backward(impls, n_impls, n))
                 continue;
             for (size_t x = 0; x < sizeof chunks / sizeof chunks[0]; x++) {
                 void *want[3] = {NULL, NULL, NULL};
@@ -1422,7 +1443,7 @@ static void test_grown_budget(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
     for (int n = 0; n < n_impls; n++) {
-        if (!impls[n].runs)
+        if (!runs_backward(impls, n_impls, n))
             continue;
         static const int workers[] = {1, 2, 3, 16};
         for (int w = 0; w < 4; w++) {
@@ -1478,7 +1499,7 @@ static void test_busy_waves(void) {
     for (size_t x = 0; x < sizeof cases / sizeof cases[0]; x++) {
         unfilled(&t, SDPA_F16, cases[x].pairs, 8, 1, 512, 64, 128);
         for (int n = 0; n < n_impls; n++) {
-            if (!impls[n].runs)
+            if (!runs_backward(impls, n_impls, n))
                 continue;
             for (int hook = 0; hook <= 1; hook++) {
                 const size_t largest =
@@ -1495,7 +1516,7 @@ static void test_busy_waves(void) {
     const size_t fitting = (size_t)2 * 8 * 4096 * 128 * sizeof(float);
     unfilled(&t, SDPA_F32, 1, 8, 1, 4096, 128, 128);
     for (int n = 0; n < n_impls; n++) {
-        if (!impls[n].runs)
+        if (!runs_backward(impls, n_impls, n))
             continue;
         static const int workers[] = {2, 3, 16};
         for (int w = 0; w < 3; w++) {
@@ -1511,7 +1532,7 @@ static void test_busy_waves(void) {
     const size_t pair = (size_t)8 * 2560 * 128 * sizeof(float);
     unfilled(&t, SDPA_F16, 4, 8, 1, 2560, 64, 128);
     for (int n = 0; n < n_impls; n++) {
-        if (!impls[n].runs)
+        if (!runs_backward(impls, n_impls, n))
             continue;
         const size_t largest = largest_request(&impls[n], &t, 2, 0, -1);
         CHECK_MSG(largest >= 2 * pair && largest < 3 * pair,
@@ -1537,7 +1558,7 @@ static void test_partials_refused(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
     for (int n = 0; n < n_impls; n++) {
-        if (!impls[n].runs)
+        if (!runs_backward(impls, n_impls, n))
             continue;
         t.impl = impls[n].impl;
         tu_failing_alloc fa = {0};
@@ -1587,7 +1608,7 @@ static void test_nomem(void) {
     CHECK(tu_golden_forward(gen, &t.q.t, &t.k.t, &t.v.t, &t.p, &t.o.t, &t.lse.t) == SDPA_OK);
     sdpa_ctx_destroy(gen);
     for (int n = 0; n < n_impls; n++) {
-        if (!impls[n].runs)
+        if (!runs_backward(impls, n_impls, n))
             continue;
         tu_failing_alloc fa = {0};
         sdpa_ctx_params cp = {0};
@@ -1614,6 +1635,17 @@ static void test_nomem(void) {
 
 int main(int argc, char **argv) {
     tu_report_impls();
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int n = 0; n < n_impls; n++) {
+        if (impls[n].runs && impls[n].impl->backward == NULL)
+            printf(
+                "    %-14s has no backward of its own: the table below it runs, tested as that\n",
+                impls[n].name);
+        else if (impls[n].runs && !runs_backward(impls, n_impls, n))
+            printf("    %-14s not run under ThreadSanitizer: the best table alone runs there\n",
+                   impls[n].name);
+    }
     return CHECK_RUN(argc, argv, CASE(test_exp_lse), CASE(test_shapes),
                      CASE(test_causal_and_windows), CASE(test_masks_softcap_alibi),
                      CASE(test_heads), CASE(test_layouts_and_storage), CASE(test_dropout),

@@ -6,8 +6,8 @@
 # (ThreadSanitizer cannot be combined with the AddressSanitizer build), builds test_pool,
 # test_properties (which compares results across thread counts), test_threads and
 # test_flash_backward (its determinism cases only: the tiled backward's chunk tasks, dQ sums
-# and two-pass fallback over 1 to 16 threads; the rest of it is single-threaded work against
-# the reference) and test_merge (its determinism case: sdpa_merge's row tasks over 1 to 7
+# and two-pass fallback over 1 to 16 threads, on the best table alone, which the test says
+# and explains; the rest of it is single-threaded work against the reference) and test_merge (its determinism case: sdpa_merge's row tasks over 1 to 7
 # threads), and runs them with halt_on_error=1, so that a data race fails the test
 # instead of only printing a report. The compiler is $CC or cc; gcc >= 7 and clang both support -fsanitize=thread. Exits
 # non-zero on any failure.
