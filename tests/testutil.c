@@ -459,3 +459,28 @@ int tu_remove_dir(const char *dir) {
     }
     return rmdir(dir);
 }
+
+int tu_within_ulp(const char *what, const double *x, const double *g, size_t n) {
+    size_t bad = 0, at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(g[i]) || !isfinite(x[i])) {
+            if (!((isnan(g[i]) && isnan(x[i])) || g[i] == x[i]))
+                bad++, at = i;
+            continue;
+        }
+        if (fabs(x[i] - g[i]) > 0x1p-23 * fabs(g[i]) + 0x1p-140)
+            bad++, at = i;
+    }
+    if (bad)
+        printf("    %s: %zu differ, e.g. [%zu] %.9g vs %.9g\n", what, bad, at, x[at], g[at]);
+    return bad == 0;
+}
+
+void *tu_xmalloc(size_t n) {
+    void *p = malloc(n > 0 ? n : 1);
+    if (p == NULL) {
+        fprintf(stderr, "test: out of memory (%zu bytes)\n", n);
+        exit(2);
+    }
+    return p;
+}

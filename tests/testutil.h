@@ -119,6 +119,10 @@ sdpa_status tu_golden_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_t
 int tu_rule(const char *what, const double *test, const double *lp, const double *golden, size_t n,
             sdpa_dtype dt, double k, double nmse_gate);
 
+/* |x - g| within an f32 ulp of g (both computed in double, x rounded once to f32) for n values,
+ * non-finite values equal; prints how many differ and one of them. @return 1 when none does. */
+int tu_within_ulp(const char *what, const double *x, const double *g, size_t n);
+
 /* Reads a whole (B, H, L, D) tensor into a contiguous double array (caller frees). */
 double *tu_to_doubles(const sdpa_tensor *t);
 
@@ -129,6 +133,9 @@ double tu_round(int lp_dtype, double x);
 double tu_acc_round(int lp_dtype, double x);
 /* The mask value at (b, h, i, j) of a (B, Hq, Lq, Lk) mask, broadcasting extents of 1. */
 double tu_mask_at(const sdpa_tensor *m, int64_t b, int64_t h, int64_t i, int64_t j);
+
+/* malloc(n), at least one byte, or the test program exits (status 2) saying so. */
+void *tu_xmalloc(size_t n);
 
 /* Creates a context or aborts the test program (tests only). */
 sdpa_ctx *tu_ctx(int n_threads, sdpa_isa max_isa);
