@@ -95,7 +95,9 @@ static const char help_figures[] =
     "                       shape, forward and backward alike\n"
     "  --help               this text\n"
     "\n"
-    "The header names the kernels that ran and their ISA level, the CPU (model, family and\n"
+    "The header names the kernel the context prefers and its ISA level (each shape's table\n"
+    "row, and shapes[].kernel in the JSON, name the one that ran it: flash-amx takes bf16\n"
+    "alone, flash-avx512 the rest), the CPU (model, family and\n"
     "model numbers, L1d, L2 and L3 sizes) with the best level it offers (higher than the\n"
     "kernels' under SDPA_MAX_ISA, which the header then says), and the loop of the peak probe:\n"
     "compare a %peak only with figures of the same CPU, kernels and peak loop. The JSON holds\n"
@@ -740,6 +742,7 @@ static int run_shape(const options *o, const bench_run *ri, sdpa_isa isa, const 
     }
     r->reps = n;
     r->warmup = o->warmup;
+    r->kernel = sdpa_ctx_last_kernel(ctx);
     r->allocs_per_call = (double)(atomic_load(&cnt.allocs) - allocs0) / n;
     r->extra_bytes = atomic_load(&cnt.peak) - r->ctx_bytes;
     qsort(times, (size_t)n, sizeof *times, cmp_double);

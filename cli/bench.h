@@ -106,6 +106,9 @@ typedef struct bench_result {
     size_t ctx_bytes;           /* held by the fresh context before the calls */
     double allocs_per_call;
     double t_fwd_med; /* with --backward: the median of the forwards timed beside it */
+    /* sdpa_ctx_last_kernel() after the timed calls: the implementation that ran the timed
+     * operation (the run's kernel, or the next one down for a problem it does not take) */
+    const char *kernel;
     /* The read bandwidth at this shape's working set: n_threads threads reading the buffer
      * that holds its K and V (bench_read_measure), right before and right after the timed
      * calls; the ratio %bw divides by the higher of the two. */
@@ -124,7 +127,8 @@ typedef struct bench_run {
      * bf16 forwards alone) and a shape is a bf16 forward */
     int tiles;
     const char *isa;     /* sdpa_isa_name(sdpa_ctx_isa()): the level of the kernels that run */
-    const char *kernel;  /* sdpa_ctx_kernel(): the implementation that runs */
+    const char *kernel;  /* sdpa_ctx_kernel(): the implementation preferred (each shape's own:
+                            bench_result.kernel) */
     char describe[2048]; /* sdpa_ctx_describe(): the dispatch and the kernels available */
     const char *cpu_isa; /* sdpa_isa_name(sdpa_ctx_cpu_isa()): the CPU's best level, uncapped */
     char cpu[128];       /* the model name */

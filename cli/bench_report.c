@@ -203,10 +203,11 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
         fprintf(f, "sdpa_backward (FLOP = 2.5 x the forward's):\n");
     const int tiles = isfinite(ri->peak_tile_gflops); /* a %tile column */
     fprintf(f,
-            "%3s %6s %6s %6s %5s %-10s %-9s %5s %10s %10s %10s %9s %6s%s %8s %8s %8s %6s %9s%s\n",
+            "%3s %6s %6s %6s %5s %-10s %-9s %5s %10s %10s %10s %9s %6s%s %8s %8s %8s %6s %9s%s  "
+            "%s\n",
             "B", "H", "Lq", "Lk", "D", "mask", "dtype", "reps", "median ms", "min ms", "max ms",
             "GFLOP/s", "%peak", tiles ? "  %tile" : "", "GB/s", "KV MB", "rd GB/s", "%bw",
-            "extra MB", ri->backward ? "  bwd/fwd" : "");
+            "extra MB", ri->backward ? "  bwd/fwd" : "", "kernel");
     for (int i = 0; i < n; i++) {
         const bench_result *r = &rs[i];
         char h[48], dt[16];
@@ -228,7 +229,7 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
                 100.0 * ratio(gbs, r->ws_gbs), (double)r->extra_bytes / 1e6);
         if (ri->backward)
             fprintf(f, " %8.2f", ratio(r->t_med, r->t_fwd_med));
-        fputc('\n', f);
+        fprintf(f, "  %s\n", r->kernel);
     }
     fprintf(f,
             "\nGFLOP/s = %s*B*Hq*D*(visible pairs) / median; %%peak against the higher of the two "
@@ -236,13 +237,15 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
             "dtype = Q and O[/K and V]. GB/s = K and V bytes (KV MB, in the K/V dtype) / median.\n"
             "rd GB/s = %d thread%s reading that K and V buffer again and again, right before and "
             "right after the shape\n(the higher), so that a cache that fits in L2 or L3 is "
-            "compared with the bandwidth of that level; %%bw = GB/s / rd GB/s.\n",
+            "compared with the bandwidth of that level; %%bw = GB/s / rd GB/s.\n"
+            "kernel = the implementation that ran the shape: %s, or the next one down for a "
+            "problem it does not take.\n",
             ri->backward ? "10" : "4",
             tiles ? ", %tile (the shapes the AMX unit takes) against the higher of the two AMX "
                     "tile peaks"
                   : "",
             ri->backward ? "; bwd/fwd = backward median / forward median, timed alternately" : "",
-            ri->n_threads, ri->n_threads == 1 ? "" : "s");
+            ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->kernel);
 }
 
 static void json_string(FILE *f, const char *s) {
@@ -367,7 +370,9 @@ void bench_write_json(FILE *f, const bench_run *ri, const bench_result *rs, int 
         json_count(f, r->flops);
         fputs(", \"kv_bytes\": ", f);
         json_count(f, r->kv_bytes);
-        fprintf(f, ", \"warmup\": %d, \"reps\": %d,\n     \"ms_median\": ", r->warmup, r->reps);
+        fprintf(f, ", \"warmup\": %d, \"reps\": %d, \"kernel\": ", r->warmup, r->reps);
+        json_string(f, r->kernel);
+        fputs(",\n     \"ms_median\": ", f);
         json_number(f, r->t_med * 1e3);
         fputs(", \"ms_min\": ", f);
         json_number(f, r->t_min * 1e3);

@@ -115,22 +115,38 @@ static void describe(sdpa_ctx *ctx, uint32_t features, sdpa_isa param_cap, const
         append(d, cap, "env:      SDPA_MAX_ISA=%s\n", sdpa_isa_name(env_cap));
     append(d, cap, "isa:      %s\n", sdpa_isa_name(sdpa_ctx_isa(ctx)));
     append(d, cap, "threads:  %d\n", ctx->n_threads);
-    append(d, cap, "forward:  %s\n", ctx->impl[SDPA__OP_FORWARD]->name);
-    append(d, cap, "weights:  %s\n", ctx->impl[SDPA__OP_WEIGHTS]->name);
-    append(d, cap, "backward: %s\n", ctx->impl[SDPA__OP_BACKWARD]->name);
     int count;
     const sdpa__impl *const *list = sdpa__impls(&count);
+    static const char *const op_names[SDPA__N_OPS] = {"forward: ", "weights: ", "backward:"};
+    for (int op = 0; op < SDPA__N_OPS; op++) {
+        const sdpa__impl *impl = ctx->impl[op];
+        append(d, cap, "%s %s", op_names[op], impl->name);
+        /* one that takes only some problems: what it takes, and what runs the others */
+        if (impl->supports != NULL) {
+            const sdpa__impl *rest = list[0];
+            for (int n = 0; list[n] != impl; n++)
+                if (sdpa__impl_offers(list[n], (sdpa__op)op) && list[n]->supports == NULL &&
+                    sdpa__impl_allowed(list[n], features, ctx->cap))
+                    rest = list[n];
+            append(d, cap, " (%s)\n          %s (the others)", impl->takes, rest->name);
+        }
+        append(d, cap, "\n");
+    }
     append(d, cap, "kernels:");
     for (int n = count - 1; n >= 0; n--) {
         const sdpa__impl *impl = list[n];
+        /* (under a cap below amx the tile permission is never asked for: not a lack) */
+        uint32_t lacks = impl->needs & ~features;
+        if (ctx->cap != SDPA_ISA_AUTO && ctx->cap < SDPA_ISA_AMX)
+            lacks &= ~(uint32_t)SDPA__CPU_AMX_PERM;
         const char *why = "";
-        if ((impl->needs & ~features) != 0)
+        if (lacks != 0)
             why = ", unavailable: the CPU lacks ";
         else if (!sdpa__impl_allowed(impl, features, ctx->cap))
             why = ", unavailable: above the cap";
         append(d, cap, " %s(%s%s", impl->name, sdpa_isa_name(impl->level), why);
-        if ((impl->needs & ~features) != 0) {
-            sdpa__cpu_feature_names(impl->needs & ~features, names, sizeof names);
+        if (lacks != 0) {
+            sdpa__cpu_feature_names(lacks, names, sizeof names);
             append(d, cap, "%s", names);
         }
         append(d, cap, ")");
@@ -218,6 +234,10 @@ sdpa_isa sdpa_ctx_cpu_isa(const sdpa_ctx *ctx) {
 
 const char *sdpa_ctx_kernel(const sdpa_ctx *ctx) {
     return ctx == NULL ? "" : ctx->impl[SDPA__OP_FORWARD]->name;
+}
+
+const char *sdpa_ctx_last_kernel(const sdpa_ctx *ctx) {
+    return ctx == NULL || ctx->last == NULL ? "" : ctx->last->name;
 }
 
 const char *sdpa_ctx_describe(const sdpa_ctx *ctx) {

@@ -70,6 +70,14 @@ static inline void check__fail(const char *file, int line, const char *what) {
                   "%s ~ %s: %.9g vs %.9g (tol %.3g)", #a, #b, check__a, check__b, (double)(tol));  \
     } while (0)
 
+#define CHECK_STR_EQ(a, b)                                                                         \
+    do {                                                                                           \
+        const char *check__a = (a), *check__b = (b);                                               \
+        CHECK_MSG(check__a != NULL && check__b != NULL && strcmp(check__a, check__b) == 0,         \
+                  "%s == %s: \"%s\" vs \"%s\"", #a, #b, check__a ? check__a : "(null)",            \
+                  check__b ? check__b : "(null)");                                                 \
+    } while (0)
+
 #define CHECK_STR_CONTAINS(hay, needle)                                                            \
     do {                                                                                           \
         const char *check__h = (hay), *check__n = (needle);                                        \

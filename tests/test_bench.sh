@@ -46,6 +46,10 @@ assert set(j["cache_kib"]) == {"l1d", "l2", "l3"}
 # no shape is a bf16 forward: the AMX unit is not timed, whatever the kernels
 assert all(j["peak"][w]["tile_gflops"] is None for w in ("start", "end")), j["peak"]
 assert all(x["pct_tile_peak"] is None for x in s), [x["pct_tile_peak"] for x in s]
+# each shape names the table that ran it: f32 never runs on the AMX table (bf16 alone), so
+# it is the run's kernel unless that is flash-amx, whose f32 problems go one level down
+want = "flash-avx512" if j["kernel"].startswith("flash-amx") else j["kernel"]
+assert all(x["kernel"] == want for x in s), ([x["kernel"] for x in s], j["kernel"])
 PY
 then ok json_fields; else fail json_fields; fi
 if ! grep -q 'AMX tile peak' "$tmp/out" && ! grep -q '%tile' "$tmp/out"; then
@@ -162,6 +166,12 @@ if real_amx:
 else:
     assert bf16["pct_tile_peak"] is None and "%tile" not in out
 assert mixed["pct_tile_peak"] is None
+# the bf16 forward ran on the AMX table wherever the kernels are at that level (emulated too);
+# its f32 K and V took the vector table, and the table's last column says so
+assert bf16["kernel"] == j["kernel"], (bf16["kernel"], j["kernel"])
+want = "flash-avx512" if j["kernel"].startswith("flash-amx") else j["kernel"]
+assert mixed["kernel"] == want, (mixed["kernel"], j["kernel"])
+assert re.search(r" 32 none +bf16/f32 .*  " + re.escape(want) + "$", out, re.M), out
 PY
 then ok tile_peak; else fail tile_peak; fi
 # The peak probe follows the library's level: the generic loop on request, and a level above

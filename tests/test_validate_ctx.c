@@ -133,6 +133,63 @@ static void test_ctx_max_isa(void) {
     CHECK(sdpa_ctx_cpu_isa(NULL) == SDPA_ISA_GENERIC);
 }
 
+/* A problem of B=1 H=2 L=40 D=64 (a shape the AMX table takes) in dtype dt, with its f32
+ * output, or a call that fails validation (Dk of K wrong) when `bad`. */
+static sdpa_status forward_in(sdpa_ctx *ctx, sdpa_dtype dt, int bad) {
+    tu_rng r = {5};
+    tu_tensor q = tu_alloc(dt, 1, 2, 40, 64, TU_BHLD, 0, 0);
+    tu_tensor k = tu_alloc(dt, 1, 2, 40, bad ? 32 : 64, TU_BHLD, 0, 0);
+    tu_tensor v = tu_alloc(dt, 1, 2, 40, 64, TU_BHLD, 0, 0);
+    tu_tensor o = tu_alloc(dt, 1, 2, 40, 64, TU_BHLD, 0, 0);
+    tu_fill_randn(&q, &r, 1.0, 0.0);
+    tu_fill_randn(&k, &r, 1.0, 0.0);
+    tu_fill_randn(&v, &r, 1.0, 0.0);
+    const sdpa_params p = {0};
+    const sdpa_status st = sdpa_forward(ctx, &q.t, &k.t, &v.t, &p, &o.t, NULL);
+    tu_free(&q);
+    tu_free(&k);
+    tu_free(&v);
+    tu_free(&o);
+    return st;
+}
+
+/* sdpa_ctx_last_kernel: "" until a call succeeds, then what ran: the context's forward for
+ * a problem it takes, the next one down for the others (the AMX table takes bf16 alone: f32
+ * runs flash-avx512, as sdpa_ctx_describe says); a failed call leaves it; sdpa_weights runs
+ * the weights line's table. Under a cap below amx the description names no lack of the tile
+ * permission (it is never asked for there). */
+static void test_ctx_last_kernel(void) {
+    CHECK_STR_EQ(sdpa_ctx_last_kernel(NULL), "");
+    for (int cap = SDPA_ISA_AUTO; cap <= SDPA_ISA_AMX; cap++) {
+        sdpa_ctx *ctx = tu_ctx(2, (sdpa_isa)cap);
+        const char *top = sdpa_ctx_kernel(ctx), *desc = sdpa_ctx_describe(ctx);
+        const int amx = strcmp(top, "flash-amx") == 0;
+        CHECK_STR_EQ(sdpa_ctx_last_kernel(ctx), "");
+        CHECK_INT_EQ(forward_in(ctx, SDPA_BF16, 0), SDPA_OK);
+        CHECK_STR_EQ(sdpa_ctx_last_kernel(ctx), top);
+        CHECK_INT_EQ(forward_in(ctx, SDPA_F32, 0), SDPA_OK);
+        CHECK_STR_EQ(sdpa_ctx_last_kernel(ctx), amx ? "flash-avx512" : top);
+        CHECK_MSG(!amx || strstr(desc, "\n          flash-avx512 (the others)\n") != NULL,
+                  "describe does not say what runs the others:\n%s", desc);
+        CHECK_INT_EQ(forward_in(ctx, SDPA_BF16, 1), SDPA_ERR_SHAPE);
+        CHECK_STR_EQ(sdpa_ctx_last_kernel(ctx), amx ? "flash-avx512" : top);
+        tu_rng r = {6};
+        tu_problem pb = tu_problem_new((tu_dims){1, 2, 2, 8, 8, 16, 16}, &r);
+        tu_tensor w = tu_alloc(SDPA_F32, 1, 2, 8, 8, TU_BHLD, 0, 0);
+        CHECK_INT_EQ(sdpa_weights(ctx, &pb.q.t, &pb.k.t, &pb.p, &w.t), SDPA_OK);
+        char line[64];
+        snprintf(line, sizeof line, "weights:  %s\n", sdpa_ctx_last_kernel(ctx));
+        CHECK_MSG(strstr(desc, line) != NULL, "weights ran %s, describe says:\n%s",
+                  sdpa_ctx_last_kernel(ctx), desc);
+        tu_free(&w);
+        tu_problem_free(&pb);
+        CHECK_MSG(cap == SDPA_ISA_AUTO || cap == SDPA_ISA_AMX ||
+                      strstr(desc, "lacks amx_perm") == NULL,
+                  "max_isa=%s: %s", sdpa_isa_name((sdpa_isa)cap), desc);
+        sdpa_ctx_destroy(ctx);
+    }
+}
+
 static void test_ctx_allocator_half_set(void) {
     counting c;
     memset(&c, 0, sizeof c);
@@ -292,6 +349,7 @@ static void test_status_strings(void) {
 }
 
 CHECK_MAIN(CASE(test_ctx_create_null_out), CASE(test_ctx_create_defaults), CASE(test_ctx_threads),
-           CASE(test_ctx_max_isa), CASE(test_ctx_allocator_half_set), CASE(test_ctx_allocator_used),
-           CASE(test_ctx_allocator_fails_at_create), CASE(test_nomem_forward),
-           CASE(test_nomem_weights), CASE(test_ctx_null), CASE(test_status_strings))
+           CASE(test_ctx_max_isa), CASE(test_ctx_last_kernel), CASE(test_ctx_allocator_half_set),
+           CASE(test_ctx_allocator_used), CASE(test_ctx_allocator_fails_at_create),
+           CASE(test_nomem_forward), CASE(test_nomem_weights), CASE(test_ctx_null),
+           CASE(test_status_strings))

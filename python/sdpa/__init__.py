@@ -62,7 +62,9 @@ class Context(_sdpa.Context):
     "avx2", "avx512" or "amx" caps the kernels. A context runs one call at a time: a call
     from another thread while one runs raises RuntimeError (SDPA_ERR_BUSY). Without a
     context argument, each Python thread gets a default context of its own.
-    Attributes: n_threads, isa, kernel, description.
+    Attributes: n_threads, isa, kernel (the implementation the context prefers; flash-amx
+    passes problems other than bf16 to flash-avx512), last_kernel (what the last successful
+    call on it ran: "" before any), description.
     """
 
     def __init__(self, n_threads=0, max_isa=None):

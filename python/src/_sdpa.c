@@ -60,13 +60,17 @@ static PyObject *context_get(sdpa_py_context *self, void *what) {
         return PyUnicode_FromString(sdpa_isa_name(sdpa_ctx_isa(self->ctx)));
     if (strcmp(w, "kernel") == 0)
         return PyUnicode_FromString(sdpa_ctx_kernel(self->ctx));
+    if (strcmp(w, "last_kernel") == 0)
+        return PyUnicode_FromString(sdpa_ctx_last_kernel(self->ctx));
     return PyUnicode_FromString(sdpa_ctx_describe(self->ctx));
 }
 
 static PyGetSetDef context_getset[] = {
     {"n_threads", (getter)context_get, NULL, "threads the context computes with", "n_threads"},
     {"isa", (getter)context_get, NULL, "instruction-set level of the kernels", "isa"},
-    {"kernel", (getter)context_get, NULL, "the implementation sdpa_forward runs", "kernel"},
+    {"kernel", (getter)context_get, NULL, "the implementation sdpa_forward prefers", "kernel"},
+    {"last_kernel", (getter)context_get, NULL,
+     "the implementation the last successful call ran ('' before any)", "last_kernel"},
     {"description", (getter)context_get, NULL, "sdpa_ctx_describe(): features and dispatch",
      "describe"},
     {NULL, NULL, NULL, NULL, NULL}};

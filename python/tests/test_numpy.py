@@ -230,9 +230,13 @@ def test_contexts_and_determinism():
             for n in (1, 2, 3)]
     assert all(np.array_equal(outs[0], o) for o in outs[1:])
     generic = sdpa.Context(n_threads=1, max_isa="generic")
-    assert generic.isa == "generic"
+    assert generic.isa == "generic" and generic.last_kernel == ""
     close(sdpa.scaled_dot_product_attention(q, k, v, context=generic), reference(q, k, v)[0],
           1e-5)
+    assert generic.last_kernel == "flash-generic"
+    best = sdpa.Context(n_threads=1)
+    sdpa.scaled_dot_product_attention(q, k, v, context=best)  # f32: never the AMX table
+    assert best.last_kernel == ("flash-avx512" if best.kernel == "flash-amx" else best.kernel)
     with pytest.raises(ValueError, match="max_isa"):
         sdpa.Context(max_isa="sse")
     info = sdpa.info()

@@ -76,6 +76,7 @@ static const sdpa__impl flash_amx = {
     .uk = &sdpa__uk_avx512,
     .mx = &sdpa__mx_amx,
     .supports = amx_supports,
+    .takes = "bf16 Q, K and V; Dk a multiple of 32, Dv of 16, up to 256",
     .forward = sdpa__flash_forward};
 #endif
 
@@ -102,6 +103,12 @@ uint32_t sdpa__impls_needs(void) {
     return all;
 }
 
+int sdpa__impl_offers(const sdpa__impl *impl, sdpa__op op) {
+    return op == SDPA__OP_FORWARD   ? impl->forward != NULL
+           : op == SDPA__OP_WEIGHTS ? impl->weights != NULL
+                                    : impl->backward != NULL;
+}
+
 int sdpa__impl_allowed(const sdpa__impl *impl, uint32_t features, sdpa_isa cap) {
     return (impl->needs & ~features) == 0 && (cap == SDPA_ISA_AUTO || impl->level <= cap);
 }
@@ -110,10 +117,7 @@ const sdpa__impl *sdpa__select(uint32_t features, sdpa_isa cap, sdpa__op op,
                                const sdpa__problem *p) {
     for (int n = N_IMPLS - 1; n > 0; n--) {
         const sdpa__impl *impl = impls[n];
-        const int offers = op == SDPA__OP_FORWARD   ? impl->forward != NULL
-                           : op == SDPA__OP_WEIGHTS ? impl->weights != NULL
-                                                    : impl->backward != NULL;
-        if (offers && sdpa__impl_allowed(impl, features, cap) &&
+        if (sdpa__impl_offers(impl, op) && sdpa__impl_allowed(impl, features, cap) &&
             (impl->supports == NULL || p == NULL || impl->supports(op, p)))
             return impl;
     }

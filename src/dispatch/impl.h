@@ -33,6 +33,7 @@ struct sdpa__impl {
     /* Optional: returns nonzero if this implementation handles operation op on p. NULL =
      * handles everything. */
     int (*supports)(sdpa__op op, const sdpa__problem *p);
+    const char *takes; /* with supports: the problems it handles, in words (sdpa info) */
     /* out: (B, Hq, Lq, Dv); lse: NULL or (B, Hq, Lq, 1) F32. May fail only with NOMEM. */
     sdpa_status (*forward)(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                            sdpa_tensor *out, sdpa_tensor *lse);
@@ -50,6 +51,9 @@ struct sdpa__impl {
      * problem (sdpa__flash_mx_fits), with uk for the rest. */
     const sdpa__mx_kernels *mx;
 };
+
+/* Whether impl has an entry for op (weights and backward may be NULL). */
+int sdpa__impl_offers(const sdpa__impl *impl, sdpa__op op);
 
 /* Whether impl may run on a CPU with `features` under `cap` (SDPA_ISA_AUTO = no cap). */
 int sdpa__impl_allowed(const sdpa__impl *impl, uint32_t features, sdpa_isa cap);
