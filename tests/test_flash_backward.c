@@ -144,17 +144,17 @@ static sdpa_status backward(sdpa_ctx *ctx, fb_tensors *t) {
 /* Whether the cases run the backward of impls[n]: not where the CPU lacks the table (the sweeps
  * say so), nor for a table without a backward of its own (flash-amx: a context capped at its
  * level runs flash-avx512's backward, on the same micro-kernels, so it would only repeat that
- * table; main says so once). Under ThreadSanitizer (which runs the determinism cases) only the
- * last table that would run: the backward's tasks, partials and sums are the same for every
+ * table; tu_report_impls says so). Under ThreadSanitizer (which runs the determinism cases) only
+ * the last table that would run: the backward's tasks, partials and sums are the same for every
  * table (flash_backward.c's blocks are multiples of every table's lanes), so a race among them
  * shows with any, and the generic table's scalar loops take about ten times the vector
  * tables' time there. */
 static int runs_backward(const tu_impl *impls, int n_impls, int n) {
-    if (!impls[n].runs || impls[n].impl->backward == NULL)
+    if (!impls[n].runs || !impls[n].backward)
         return 0;
 #if defined(SDPA_UNDER_TSAN)
     for (int m = n + 1; m < n_impls; m++)
-        if (impls[m].runs && impls[m].impl->backward != NULL)
+        if (impls[m].runs && impls[m].backward)
             return 0;
 #else
     (void)n_impls;
@@ -1638,11 +1638,7 @@ int main(int argc, char **argv) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
     for (int n = 0; n < n_impls; n++) {
-        if (impls[n].runs && impls[n].impl->backward == NULL)
-            printf(
-                "    %-14s has no backward of its own: the table below it runs, tested as that\n",
-                impls[n].name);
-        else if (impls[n].runs && !runs_backward(impls, n_impls, n))
+        if (impls[n].runs && impls[n].backward && !runs_backward(impls, n_impls, n))
             printf("    %-14s not run under ThreadSanitizer: the best table alone runs there\n",
                    impls[n].name);
     }

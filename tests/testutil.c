@@ -407,6 +407,11 @@ int tu_impls(tu_impl out[TU_MAX_IMPLS]) {
         sdpa_ctx *ctx = tu_ctx(1, t->level);
         t->runs = strcmp(sdpa_ctx_kernel(ctx), t->name) == 0;
         sdpa_ctx_destroy(ctx);
+        t->weights = list[n]->weights != NULL;
+        t->backward = list[n]->backward != NULL;
+        t->own_uk = 1;
+        for (int m = 0; m < n; m++)
+            t->own_uk &= list[m]->uk != list[n]->uk;
         if (!t->runs) {
             sdpa__cpu cpu;
             sdpa__cpu_probe(&cpu);
@@ -416,12 +421,31 @@ int tu_impls(tu_impl out[TU_MAX_IMPLS]) {
     return n_out;
 }
 
+int tu_impl_takes(const tu_impl *t, const sdpa_tensor *q, const sdpa_tensor *k,
+                  const sdpa_tensor *v, const sdpa_params *params, const sdpa_tensor *out) {
+    if (t->impl->supports == NULL)
+        return 1;
+    sdpa_ctx *ctx = tu_ctx(1, SDPA_ISA_GENERIC);
+    sdpa__problem p;
+    const int valid = sdpa__check_forward(ctx, q, k, v, params, out, NULL, &p) == SDPA_OK;
+    sdpa_ctx_destroy(ctx);
+    return !valid || t->impl->supports(SDPA__OP_FORWARD, &p);
+}
+
 void tu_report_impls(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n = tu_impls(impls);
     for (int i = 0; i < n; i++) {
-        if (impls[i].runs)
-            printf("    %-14s runs on this CPU\n", impls[i].name);
+        const tu_impl *t = &impls[i];
+        if (t->runs && t->impl->supports == NULL && t->weights && t->backward)
+            printf("    %-14s runs on this CPU\n", t->name);
+        else if (t->runs) /* what a context at its level hands to the table below */
+            printf("    %-14s runs on this CPU: only the forward%s%s%s%s%s; the rest is the "
+                   "table below's, tested under that name\n",
+                   t->name, t->impl->supports != NULL ? " where it fits (" : "",
+                   t->impl->supports != NULL ? t->impl->takes : "",
+                   t->impl->supports != NULL ? ")" : "", t->weights ? ", the weights" : "",
+                   t->backward ? ", the backward" : "");
         else
             printf("    %-14s skipped: the CPU lacks %s\n", impls[i].name, impls[i].missing);
     }

@@ -167,6 +167,11 @@ typedef struct tu_impl {
     sdpa_isa level;    /* the max_isa that selects it: tu_ctx(n, level) runs it when `runs` */
     int runs;          /* a context capped at `level` dispatches to it on this CPU */
     char missing[128]; /* when it does not: the CPU features it lacks */
+    /* What it does itself. A context capped at its level hands the rest to the table below it,
+     * which the tests visit under that table's own name: */
+    int weights, backward; /* it has an sdpa_weights (sdpa_backward) of its own */
+    int own_uk;            /* its micro-kernels are no earlier entry's (flash-amx drives
+                              flash-avx512's) */
 } tu_impl;
 
 enum { TU_MAX_IMPLS = 16 };
@@ -174,6 +179,12 @@ enum { TU_MAX_IMPLS = 16 };
 /* Fills out[] with the registered implementations but the reference, in preference order
  * (best last). @return their number. */
 int tu_impls(tu_impl out[TU_MAX_IMPLS]);
+
+/* Whether t computes this forward itself: not where it takes only some problems (flash-amx:
+ * bf16 Q, K and V) and this is not one of them. Arguments sdpa_forward would refuse: 1 (the
+ * call reports them). */
+int tu_impl_takes(const tu_impl *t, const sdpa_tensor *q, const sdpa_tensor *k,
+                  const sdpa_tensor *v, const sdpa_params *params, const sdpa_tensor *out);
 
 /* Prints one line per implementation: "runs", or "skipped: the CPU lacks ...". */
 void tu_report_impls(void);
