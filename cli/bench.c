@@ -120,8 +120,8 @@ static const char help_figures[] =
     "              with Lq = Lk: L(L+1)/2). The same count for every dtype.\n"
     "  %peak       GFLOP/s / the higher of the two FP32 FMA peaks measured in this run\n"
     "  %tile       where the AMX unit is timed, GFLOP/s / the higher of the two AMX tile\n"
-    "              peaks for each shape the unit takes (Q, K and V bf16, D a multiple of 32\n"
-    "              up to 256); pct_tile_peak in the JSON\n"
+    "              peaks for each shape the AMX table ran (kernel flash-amx: Q, K and V\n"
+    "              bf16, D a multiple of 32 up to 256); pct_tile_peak in the JSON\n"
     "  GB/s        bytes of K and V / median time: 2 * B * Hkv * Lk * D * (2 for f16 and\n"
     "              bf16, 4 for f32) bytes (KV MB), the figure that matters for decode (Lq = 1),\n"
     "              where a call reads the cache once\n"
@@ -135,6 +135,8 @@ static const char help_figures[] =
     "              buffer, at the start and the end); the JSON has the ratio to it too\n"
     "  extra MB    the peak of the bytes the library held through its allocator during the\n"
     "              calls, beyond what the fresh context held before them\n"
+    "  kernel      the implementation that ran the shape (sdpa_ctx_last_kernel): the header's,\n"
+    "              or the next one down for a problem it does not take\n"
     "\n"
     "A progress line goes to stderr when it is a terminal. Exit codes: 0 success, 1 runtime\n"
     "error, 2 usage error.\n";
@@ -794,6 +796,25 @@ static int measure_peak(const bench_run *ri, sdpa_isa isa, const char *when, ben
     return CLI_OK;
 }
 
+/* Whether the library's AMX table takes the forward of shape s: the table that runs a problem
+ * of its dtypes and D, 16 positions of one head (the table takes or leaves a problem by its
+ * dtypes, strides and D alone), on ctx. 0 where the memory for it is lacking. */
+static int shape_on_tiles(sdpa_ctx *ctx, const bench_shape *s) {
+    const size_t n = (size_t)(16 * s->d);
+    char *buf = calloc(4 * n, 4); /* q, k, v and out, at most 4 bytes an element */
+    if (buf == NULL)
+        return 0;
+    sdpa_tensor q = sdpa_tensor_bhld(buf, (sdpa_dtype)s->dtype, 1, 1, 16, s->d);
+    sdpa_tensor k = sdpa_tensor_bhld(buf + 4 * n, (sdpa_dtype)s->kv_dtype, 1, 1, 16, s->d);
+    sdpa_tensor v = sdpa_tensor_bhld(buf + 8 * n, (sdpa_dtype)s->kv_dtype, 1, 1, 16, s->d);
+    sdpa_tensor out = sdpa_tensor_bhld(buf + 12 * n, (sdpa_dtype)s->dtype, 1, 1, 16, s->d);
+    const sdpa_params p = {0};
+    const int on = sdpa_forward(ctx, &q, &k, &v, &p, &out, NULL) == SDPA_OK &&
+                   bench_kernel_on_tiles(sdpa_ctx_last_kernel(ctx));
+    free(buf);
+    return on;
+}
+
 /* A probe context tells the thread count that 0 resolves to, the kernels chosen and their
  * level, which the peak probe's loop follows: by default the same level, and never a higher
  * one, since the library has checked that the CPU and the OS run that level and no other
@@ -815,6 +836,12 @@ static int probe_library(const options *o, const bench_shape *shapes, int n_shap
     ri->cpu_isa = sdpa_isa_name(sdpa_ctx_cpu_isa(probe));
     ri->kernel = sdpa_ctx_kernel(probe);
     snprintf(ri->describe, sizeof ri->describe, "%s", sdpa_ctx_describe(probe));
+    /* The tile unit is timed where the kernels use it: the AMX table, which takes the forward
+     * of bf16 problems alone (shape_on_tiles asks it). */
+    ri->tiles = 0;
+    if (level == SDPA_ISA_AMX && !o->backward)
+        for (int i = 0; i < n_shapes && !ri->tiles; i++)
+            ri->tiles = shape_on_tiles(probe, &shapes[i]);
     sdpa_ctx_destroy(probe);
     if (o->peak_isa > level) {
         /* a runtime error, not a usage error: the same command line is right on another
@@ -826,13 +853,6 @@ static int probe_library(const options *o, const bench_shape *shapes, int n_shap
         return CLI_RUNTIME;
     }
     *peak_isa = o->peak_isa == SDPA_ISA_AUTO ? bench_peak_loop(level) : o->peak_isa;
-    /* The tile unit is timed where the kernels use it: at the AMX level, whose table takes
-     * the forward of bf16 problems alone (bench_shape_on_tiles). */
-    ri->tiles = 0;
-    if (level == SDPA_ISA_AMX && !o->backward)
-        for (int i = 0; i < n_shapes; i++)
-            if (bench_shape_on_tiles(&shapes[i]))
-                ri->tiles = 1;
     return CLI_OK;
 }
 

@@ -146,11 +146,9 @@ typedef struct bench_run {
 /* @return "none", "causal" or "causal-br" (the names --shape accepts). */
 const char *bench_mask_name(bench_mask m);
 
-/* @return nonzero if the AMX table takes this shape's forward where the kernels run at the
- * AMX level: Q, K and V bf16 and D a multiple of 32, at most 256 (its dk_step and d_max:
- * sdpa__flash_mx_fits in src/attn/flash.c; the shapes are contiguous). Other shapes run on
- * the vector table, so they neither time the unit nor get a %tile. */
-int bench_shape_on_tiles(const bench_shape *s);
+/* @return nonzero if `kernel` (an implementation's name: sdpa_ctx_last_kernel) is the AMX
+ * table, real or emulated: a shape it ran is timed against the tile unit's peak (%tile). */
+int bench_kernel_on_tiles(const char *kernel);
 
 /* @return "f32/f16" for Q/O f32 with K/V f16, or just "f16" when both are the same: the
  * DTYPE field of --shape (in buf, of size cap). */

@@ -124,14 +124,14 @@ static double ratio(double x, double of) {
     return of > 0.0 ? x / of : NAN;
 }
 
-int bench_shape_on_tiles(const bench_shape *s) {
-    return s->dtype == SDPA_BF16 && s->kv_dtype == SDPA_BF16 && s->d % 32 == 0 && s->d <= 256;
+int bench_kernel_on_tiles(const char *kernel) {
+    return strncmp(kernel, "flash-amx", 9) == 0;
 }
 
 /* GFLOP/s of a forward the AMX table takes over the higher tile peak (the unit's own rate,
  * where the run measured it), in %; NAN for another shape or where there is no tile peak. */
 static double pct_tile(const bench_run *ri, const bench_result *r) {
-    if (ri->backward || !bench_shape_on_tiles(&r->s))
+    if (ri->backward || !bench_kernel_on_tiles(r->kernel))
         return NAN;
     return 100.0 * ratio(r->flops / r->t_med * 1e-9, ri->peak_tile_gflops);
 }
