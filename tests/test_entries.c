@@ -3,8 +3,8 @@
  * against their contracts, at every ISA level the CPU has: the accuracy of each table's exp
  * (through its softmax) and softcap, the widening and storing, the decode entries that read a
  * cache in place, and ALiBi's and the mask's terms (bias). The drivers' use of them is tested
- * through the public calls (test_flash.c, test_flash_backward.c). Tables the CPU cannot run
- * are reported as skipped, never as passed.
+ * through the public calls (test_flash.c, test_flash_backward.c, test_backward_schedules.c). Tables
+ * the CPU cannot run are reported as skipped, never as passed.
  */
 #include "check.h"
 #include "testutil.h"

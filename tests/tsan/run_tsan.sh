@@ -5,7 +5,7 @@
 # Configures a separate build in BUILD_DIR with the project's SDPA_TSAN option
 # (ThreadSanitizer cannot be combined with the AddressSanitizer build), builds test_pool,
 # test_properties (which compares results across thread counts), test_threads and
-# test_flash_backward (its determinism cases only: the tiled backward's chunk tasks, dQ sums
+# test_backward_schedules (its determinism cases only: the tiled backward's chunk tasks, dQ sums
 # and two-pass fallback over 1 to 16 threads, on the best table alone, which the test says
 # and explains; the rest of it is single-threaded work against the reference) and test_merge (its determinism case: sdpa_merge's row tasks over 1 to 7
 # threads), and runs them with halt_on_error=1, so that a data race fails the test
@@ -20,9 +20,9 @@ fi
 build=$1
 src=${2:-"$(dirname "$0")/../.."}
 src=$(cd "$src" && pwd)
-tests=(test_pool test_properties test_threads test_flash_backward test_merge)
+tests=(test_pool test_properties test_threads test_backward_schedules test_merge)
 # the cases a test runs here (check.h: a substring of the case names), when not all of them
-declare -A cases=([test_flash_backward]=test_deterministic [test_merge]=test_deterministic)
+declare -A cases=([test_backward_schedules]=test_deterministic [test_merge]=test_deterministic)
 
 fail() {
     echo "tsan: FAIL: $*" >&2
