@@ -175,8 +175,11 @@ def main():
         if o.backward:
             ra, rb = (statistics.median(x["bwd_over_fwd"] for x in col[s]) for s in ("a", "b"))
             ratios = f" {ra:9.2f} {rb:9.2f}"
+        # the table that ran the shape (sdpa bench's per-shape kernel; older binaries lack it)
+        ka, kb = (col[s][0].get("kernel", "?") for s in ("a", "b"))
+        kernel = f"  {ka}" if ka == kb else f"  {ka} / {kb}: different tables"
         print(f"{shape['spec']:<36} {ga:9.1f} {gb:9.1f} {gb / ga:6.3f} {pa:8.1f} {pb:8.1f} "
-              f"{pb / pa:6.3f} {(max(spread) - min(spread)) / ga * 100:8.1f}%{ratios}")
+              f"{pb / pa:6.3f} {(max(spread) - min(spread)) / ga * 100:8.1f}%{ratios}{kernel}")
     if o.json:
         with open(o.json, "w") as f:
             json.dump({"a": kept["a"], "b": kept["b"]}, f, indent=1)

@@ -123,8 +123,8 @@ typedef struct bench_run {
     float softcap;      /* every shape's softcap (0: off) */
     int alibi;          /* every shape with ALiBi's standard slopes */
     int n_threads;
-    /* the probe times the AMX unit too: the kernels run at the AMX level (whose table takes
-     * bf16 forwards alone) and a shape is a bf16 forward */
+    /* the probe times the AMX unit too: the kernels run at the AMX level and the AMX table
+     * takes a shape's forward (bf16 alone: bench.c's shape_on_tiles asks the library) */
     int tiles;
     const char *isa;     /* sdpa_isa_name(sdpa_ctx_isa()): the level of the kernels that run */
     const char *kernel;  /* sdpa_ctx_kernel(): the implementation preferred (each shape's own:

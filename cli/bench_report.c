@@ -237,15 +237,21 @@ void bench_print_table(FILE *f, const bench_run *ri, const bench_result *rs, int
             "dtype = Q and O[/K and V]. GB/s = K and V bytes (KV MB, in the K/V dtype) / median.\n"
             "rd GB/s = %d thread%s reading that K and V buffer again and again, right before and "
             "right after the shape\n(the higher), so that a cache that fits in L2 or L3 is "
-            "compared with the bandwidth of that level; %%bw = GB/s / rd GB/s.\n"
-            "kernel = the implementation that ran the shape: %s, or the next one down for a "
-            "problem it does not take.\n",
+            "compared with the bandwidth of that level; %%bw = GB/s / rd GB/s.\n",
             ri->backward ? "10" : "4",
             tiles ? ", %tile (the shapes the AMX unit takes) against the higher of the two AMX "
                     "tile peaks"
                   : "",
             ri->backward ? "; bwd/fwd = backward median / forward median, timed alternately" : "",
-            ri->n_threads, ri->n_threads == 1 ? "" : "s", ri->kernel);
+            ri->n_threads, ri->n_threads == 1 ? "" : "s");
+    if (ri->backward)
+        fprintf(f, "kernel = the implementation that ran the shape's sdpa_backward (sdpa info's "
+                   "backward line; the forward timed beside it may have run another).\n");
+    else
+        fprintf(f,
+                "kernel = the implementation that ran the shape: %s, or the next one down for a "
+                "problem it does not take.\n",
+                ri->kernel);
 }
 
 static void json_string(FILE *f, const char *s) {

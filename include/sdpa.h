@@ -240,15 +240,18 @@ SDPA_API sdpa_isa sdpa_ctx_cpu_isa(const sdpa_ctx *ctx);
 /* @return the name of the implementation sdpa_forward prefers on this context ("flash-amx",
  *         "flash-avx512", "flash-avx2", "flash-generic", "reference"), for reports and
  *         benchmarks. One that takes only some problems passes the others to the next one
- *         down (flash-amx takes bf16 Q, K and V: an f32 problem runs flash-avx512);
+ *         down (flash-amx takes bf16 Q, K and V of the head sizes it tiles: an f32
+ *         problem runs flash-avx512);
  *         sdpa_ctx_describe() says which, and sdpa_ctx_last_kernel() what a call ran.
  *         Static storage; NULL ctx gives "". */
 SDPA_API const char *sdpa_ctx_kernel(const sdpa_ctx *ctx);
 
 /* @return the name of the implementation the last successful call on this context ran
- *         (sdpa_forward, sdpa_forward_kv, sdpa_weights or sdpa_backward): what a benchmark
- *         or a report names beside its figure. A failed call leaves it as it was. "" before
- *         any call succeeded; static storage; NULL ctx gives "". */
+ *         (sdpa_forward, sdpa_forward_kv, sdpa_weights or sdpa_backward; sdpa_merge and the
+ *         sdpa_mpi_* calls leave it alone): what a benchmark or a report names beside its
+ *         figure. A failed call leaves it as it was. "" before any call succeeded; static
+ *         storage; NULL ctx gives "". Safe to call while another thread's call runs on the
+ *         context (it then gives the name before or after that call). */
 SDPA_API const char *sdpa_ctx_last_kernel(const sdpa_ctx *ctx);
 
 /* @return a multi-line, human-readable description of what the CPU offers, which cap applied

@@ -13,10 +13,12 @@
 #include "core/services.h"
 #include "core/validate.h"
 
-/* status, noting impl as the one that ran when the call succeeded (sdpa_ctx_last_kernel). */
-static sdpa_status ran(sdpa_ctx *ctx, const sdpa__impl *impl, sdpa_status status) {
-    if (status == SDPA_OK)
-        ctx->last = impl;
+/* status, noting impl as the one that ran when the public call succeeded
+ * (sdpa_ctx_last_kernel; a ring's placed steps are not public calls: place != NULL). */
+static sdpa_status ran(sdpa_ctx *ctx, const sdpa__impl *impl, const sdpa__placement *place,
+                       sdpa_status status) {
+    if (status == SDPA_OK && place == NULL)
+        atomic_store_explicit(&ctx->last, impl, memory_order_relaxed);
     return status;
 }
 
@@ -41,7 +43,7 @@ static sdpa_status forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tenso
     if (place != NULL)
         apply_placement(place, &p);
     const sdpa__impl *impl = sdpa__select(ctx->features, ctx->cap, SDPA__OP_FORWARD, &p);
-    return ran(ctx, impl, impl->forward(impl, ctx, &p, out, lse));
+    return ran(ctx, impl, place, impl->forward(impl, ctx, &p, out, lse));
 }
 
 /* The backward of sdpa_backward and sdpa__backward_placed, likewise. */
@@ -57,7 +59,7 @@ static sdpa_status backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tens
     if (place != NULL)
         apply_placement(place, &p);
     const sdpa__impl *impl = sdpa__select(ctx->features, ctx->cap, SDPA__OP_BACKWARD, &p);
-    return ran(ctx, impl, impl->backward(impl, ctx, &p, out, lse, dout, dq, dk, dv));
+    return ran(ctx, impl, place, impl->backward(impl, ctx, &p, out, lse, dout, dq, dk, dv));
 }
 
 sdpa_status sdpa_forward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -87,7 +89,7 @@ sdpa_status sdpa_forward_kv(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_kv_c
     if (st != SDPA_OK)
         return sdpa__release(ctx, st);
     const sdpa__impl *impl = sdpa__select(ctx->features, ctx->cap, SDPA__OP_FORWARD, &p);
-    return sdpa__release(ctx, ran(ctx, impl, impl->forward(impl, ctx, &p, out, lse)));
+    return sdpa__release(ctx, ran(ctx, impl, NULL, impl->forward(impl, ctx, &p, out, lse)));
 }
 
 sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,
@@ -101,7 +103,7 @@ sdpa_status sdpa_weights(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor 
     if (st != SDPA_OK)
         return sdpa__release(ctx, st);
     const sdpa__impl *impl = sdpa__select(ctx->features, ctx->cap, SDPA__OP_WEIGHTS, &p);
-    return sdpa__release(ctx, ran(ctx, impl, impl->weights(impl, ctx, &p, weights)));
+    return sdpa__release(ctx, ran(ctx, impl, NULL, impl->weights(impl, ctx, &p, weights)));
 }
 
 sdpa_status sdpa_backward(sdpa_ctx *ctx, const sdpa_tensor *q, const sdpa_tensor *k,

@@ -179,6 +179,7 @@ sdpa_status sdpa_ctx_create(const sdpa_ctx_params *params, sdpa_ctx **out) {
         return SDPA_ERR_NOMEM;
     memset(ctx, 0, sizeof *ctx);
     atomic_init(&ctx->busy, 0);
+    atomic_init(&ctx->last, NULL);
     ctx->allocator = allocator;
     ctx->n_threads = params->n_threads == 0 ? online_cores() : params->n_threads;
     const sdpa_status st = sdpa__pool_create(ctx->n_threads, &ctx->allocator, &ctx->pool);
@@ -237,7 +238,9 @@ const char *sdpa_ctx_kernel(const sdpa_ctx *ctx) {
 }
 
 const char *sdpa_ctx_last_kernel(const sdpa_ctx *ctx) {
-    return ctx == NULL || ctx->last == NULL ? "" : ctx->last->name;
+    const sdpa__impl *last =
+        ctx == NULL ? NULL : atomic_load_explicit(&ctx->last, memory_order_relaxed);
+    return last == NULL ? "" : last->name;
 }
 
 const char *sdpa_ctx_describe(const sdpa_ctx *ctx) {

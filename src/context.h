@@ -23,8 +23,10 @@ struct sdpa_ctx {
     sdpa_isa cap;            /* the lower of max_isa and SDPA_MAX_ISA; SDPA_ISA_AUTO = none */
     const sdpa__impl *impl[SDPA__N_OPS]; /* what each operation runs for ordinary problems */
     /* the implementation the last successful call ran (sdpa_ctx_last_kernel), NULL before any:
-     * a problem impl[op] does not take (its `supports`) runs one further down the list */
-    const sdpa__impl *last;
+     * a problem impl[op] does not take (its `supports`) runs one further down the list.
+     * Atomic (relaxed) so that a reader in another thread during a call races with nothing:
+     * it sees the old name or the new one. */
+    _Atomic(const sdpa__impl *) last;
     sdpa_allocator allocator;
     /* 1 while a call (sdpa_forward, sdpa_weights) runs on the context: a second thread's call
      * is refused with SDPA_ERR_BUSY instead of entering the pool beside it */

@@ -76,7 +76,7 @@ fi
 check backward 0 -- --backward --shape 1,2,8,8,4 --reps 1 --min-time 0.1 --threads 1 --json "$tmp/b.json" \
   --softcap 30
 if grep -q 'bwd/fwd' "$tmp/out" && grep -q 'softcap 30 at every shape' "$tmp/out" &&
-  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); s=j["shapes"][0]; assert j["op"]=="backward" and j["softcap"]==30 and s["flops"]==2.5*4*2*4*64 and s["bwd_over_fwd"]>0, s' \
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); s=j["shapes"][0]; assert j["op"]=="backward" and j["softcap"]==30 and s["flops"]==2.5*4*2*4*64 and s["bwd_over_fwd"]>0, s; assert ("backward: " + s["kernel"] + "\n") in j["describe"], (s["kernel"], j["describe"])' \
     "$tmp/b.json" 2>/dev/null; then
   ok backward_figures
 else

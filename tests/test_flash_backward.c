@@ -30,7 +30,7 @@ static void test_exp_lse(void) {
         const sdpa__ukernels *uk = impls[n].impl->uk;
         if (!impls[n].runs)
             printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[n].missing);
-        if (!runs_backward(impls, n_impls, n))
+        if (!impls[n].runs || !impls[n].own_uk) /* (flash-amx drives flash-avx512's) */
             continue;
         static float s[NK * N], u[N];
         double worst = 0.0;

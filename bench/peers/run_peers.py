@@ -557,7 +557,10 @@ def isa_line(args, sdpa, peers):
     for those that report more."""
     ni = peers.get("numpy_isa", {})
     gi = peers.get("ggml_info")
-    parts = ["sdpa %s (%s)" % (sdpa["isa"], sdpa["kernel"]),
+    # the tables that ran the shapes (each shape's kernel; an older sdpa bench names only
+    # the context's: flash-amx runs bf16 alone, the others go to flash-avx512)
+    ran = sorted({s.get("kernel") or sdpa["kernel"] for s in sdpa.get("shapes", [])})
+    parts = ["sdpa %s (%s)" % (sdpa["isa"], ", ".join(ran) or sdpa["kernel"]),
              "torch %s%s" % (peers["torch_isa"], " (MKL asked for AVX2)"
                              if args.isa == "avx2" else ""),
              "numpy %s%s" % (ni.get("numpy_simd", "?"), ", OpenBLAS %s" % ni["openblas_core"]

@@ -76,7 +76,8 @@ static const sdpa__impl flash_amx = {
     .uk = &sdpa__uk_avx512,
     .mx = &sdpa__mx_amx,
     .supports = amx_supports,
-    .takes = "bf16 Q, K and V; Dk a multiple of 32, Dv of 16, up to 256",
+    .takes = "bf16 Q, K and V, K and V with unit feature stride; Dk a multiple of 32, Dv of 16, "
+             "both up to 256",
     .forward = sdpa__flash_forward};
 #endif
 

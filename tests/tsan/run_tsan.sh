@@ -4,13 +4,14 @@
 #
 # Configures a separate build in BUILD_DIR with the project's SDPA_TSAN option
 # (ThreadSanitizer cannot be combined with the AddressSanitizer build), builds test_pool,
-# test_properties (which compares results across thread counts), test_threads and
-# test_backward_schedules (its determinism cases only: the tiled backward's chunk tasks, dQ sums
-# and two-pass fallback over 1 to 16 threads, on the best table alone, which the test says
-# and explains; the rest of it is single-threaded work against the reference) and test_merge (its determinism case: sdpa_merge's row tasks over 1 to 7
-# threads), and runs them with halt_on_error=1, so that a data race fails the test
-# instead of only printing a report. The compiler is $CC or cc; gcc >= 7 and clang both support -fsanitize=thread. Exits
-# non-zero on any failure.
+# test_properties (which compares results across thread counts), test_threads,
+# test_backward_schedules (its determinism cases only: the tiled backward's chunk tasks, dQ
+# sums and two-pass fallback over 1 to 16 threads, on the best table alone, which the test
+# says and explains; the rest of it is single-threaded work against the reference) and
+# test_merge (its determinism case: sdpa_merge's row tasks over 1 to 7 threads), and runs
+# them with halt_on_error=1, so that a data race fails the test instead of only printing a
+# report. The compiler is $CC or cc; gcc >= 7 and clang both support -fsanitize=thread.
+# Exits non-zero on any failure.
 set -euo pipefail
 
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
