@@ -452,8 +452,8 @@ static int run_kv_case(const kv_case *c) {
     const sdpa_kv_cache kc = kv_desc(c, &t, sk, sq);
     double *o2 = tu_xmalloc(n_out * sizeof(double)), *l2 = tu_xmalloc(n_l * sizeof(double));
     for (int n = 0; n < g_n_impls; n++) {
-        if (!g_impls[n].runs)
-            continue;
+        if (!g_impls[n].runs || !tu_impl_takes_kv(&g_impls[n], &t.q.t, &kc, &t.p, &t.o.t))
+            continue; /* (f32 queries: not flash-amx's, flash-avx512's under its own name) */
         ctx = tu_ctx(0, g_impls[n].level);
         tu_fill_canary(&t.o);
         tu_fill_canary(&t.lse);
@@ -650,8 +650,8 @@ static int widened_bitwise(const kv_case *c) {
     tu_tensor l2 = tu_alloc(SDPA_F32, c->B, c->Hq, c->Lq, 1, TU_BHLD, 0, 0);
     int ok = 1;
     for (int n = 0; n < g_n_impls; n++) {
-        if (!g_impls[n].runs)
-            continue;
+        if (!g_impls[n].runs || !tu_impl_takes_kv(&g_impls[n], &t.q.t, &kc, &t.p, &t.o.t))
+            continue; /* (f32 queries: not flash-amx's, flash-avx512's under its own name) */
         sdpa_ctx *ctx = tu_ctx(32, g_impls[n].level);
         ok &= sdpa_forward_kv(ctx, &t.q.t, &kc, &t.p, &t.o.t, &t.lse.t) == SDPA_OK;
         sdpa_ctx_destroy(ctx);
@@ -774,8 +774,8 @@ static void test_determinism(void) {
     static const int threads[4] = {1, 2, 3, 7};
     unsigned char *ref_o = tu_xmalloc(t.o.bytes), *ref_l = tu_xmalloc(t.lse.bytes);
     for (int n = 0; n < g_n_impls; n++) {
-        if (!g_impls[n].runs)
-            continue;
+        if (!g_impls[n].runs || !tu_impl_takes_kv(&g_impls[n], &t.q.t, &kc, &t.p, &t.o.t))
+            continue; /* (f32 queries: not flash-amx's, flash-avx512's under its own name) */
         int same = 1;
         for (int a = 0; a < 4; a++) {
             sdpa_ctx *ctx = tu_ctx(threads[a], g_impls[n].level);

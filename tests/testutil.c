@@ -432,6 +432,17 @@ int tu_impl_takes(const tu_impl *t, const sdpa_tensor *q, const sdpa_tensor *k,
     return !valid || t->impl->supports(SDPA__OP_FORWARD, &p);
 }
 
+int tu_impl_takes_kv(const tu_impl *t, const sdpa_tensor *q, const sdpa_kv_cache *cache,
+                     const sdpa_params *params, const sdpa_tensor *out) {
+    if (t->impl->supports == NULL)
+        return 1;
+    sdpa_ctx *ctx = tu_ctx(1, SDPA_ISA_GENERIC);
+    sdpa__problem p;
+    const int valid = sdpa__check_forward_kv(ctx, q, cache, params, out, NULL, &p) == SDPA_OK;
+    sdpa_ctx_destroy(ctx);
+    return !valid || t->impl->supports(SDPA__OP_FORWARD, &p);
+}
+
 void tu_report_impls(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n = tu_impls(impls);

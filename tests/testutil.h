@@ -185,6 +185,9 @@ int tu_impls(tu_impl out[TU_MAX_IMPLS]);
  * call reports them). */
 int tu_impl_takes(const tu_impl *t, const sdpa_tensor *q, const sdpa_tensor *k,
                   const sdpa_tensor *v, const sdpa_params *params, const sdpa_tensor *out);
+/* The same for sdpa_forward_kv over a cache descriptor. */
+int tu_impl_takes_kv(const tu_impl *t, const sdpa_tensor *q, const sdpa_kv_cache *cache,
+                     const sdpa_params *params, const sdpa_tensor *out);
 
 /* Prints one line per implementation: "runs", or "skipped: the CPU lacks ...". */
 void tu_report_impls(void);
