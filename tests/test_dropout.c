@@ -297,45 +297,56 @@ static void test_dropout_forward(void) {
     tu_free(&o2);
 }
 
-/* The same-precision baseline with dropout (testing.md): per row, the scores in f32 (an f32
- * dot product, then the scale), the softmax in f32 over the visible keys, each weight times
- * dropout's factor, and O summed in f32. Causal (top-left) or none; no mask. */
-static void naive_dropout_f32(const tu_problem *pb, double *out) {
+/* The same-precision baseline with dropout (testing.md), in the storage precision lp (F32 or
+ * BF16): per row, the scores (a dot product summed in f32, then the scale) rounded to lp, the
+ * softmax in f32 over the visible keys, each weight rounded to lp and times dropout's factor,
+ * and O summed in f32 and rounded to lp. Causal (top-left) or none; no mask. */
+static void naive_dropout(const tu_problem *pb, int lp, double *out) {
     const sdpa_tensor *q = &pb->q.t, *k = &pb->k.t, *v = &pb->v.t;
     const int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], Dk = q->shape[3];
     const int64_t Hkv = k->shape[1], Lk = k->shape[2], Dv = v->shape[3];
-    const float scale = pb->p.scale != 0.0f ? pb->p.scale : (float)(1.0 / sqrt((double)Dk));
-    float *w = malloc((size_t)Lk * sizeof *w);
+    const double scale = pb->p.scale != 0.0f ? pb->p.scale : (float)(1.0 / sqrt((double)Dk));
+    const double keep_scale = (float)(1.0 / (1.0 - (double)pb->p.dropout_p));
+    double *w = malloc((size_t)Lk * sizeof *w);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < Hq; h++)
             for (int64_t i = 0; i < Lq; i++) {
                 const int64_t hk = h / (Hq / Hkv), last = pb->p.causal ? i : Lk - 1;
-                float m = -INFINITY, sum = 0.0f;
+                double m = -INFINITY, sum = 0.0;
                 for (int64_t j = 0; j <= last && j < Lk; j++) {
-                    float dot = 0.0f;
+                    double dot = 0.0;
                     for (int64_t c = 0; c < Dk; c++)
-                        dot += (float)tu_get(q, b, h, i, c) * (float)tu_get(k, b, hk, j, c);
-                    w[j] = scale * dot;
+                        dot =
+                            tu_acc_round(lp, dot + tu_get(q, b, h, i, c) * tu_get(k, b, hk, j, c));
+                    w[j] = tu_round(lp, scale * dot);
                     m = w[j] > m ? w[j] : m;
                 }
                 for (int64_t j = 0; j <= last && j < Lk; j++) {
-                    w[j] = expf(w[j] - m);
-                    sum += w[j];
+                    w[j] = tu_acc_round(lp, exp(w[j] - m));
+                    sum = tu_acc_round(lp, sum + w[j]);
                 }
                 for (int64_t c = 0; c < Dv; c++) {
-                    float o = 0.0f;
+                    double o = 0.0;
                     for (int64_t j = 0; j <= last && j < Lk; j++) {
                         const int keep =
                             sdpa__dropout_keep(pb->p.dropout_seed, pb->p.dropout_offset, b, h, i, j,
                                                (double)pb->p.dropout_p);
-                        const float z =
-                            keep ? (float)(1.0 / (1.0 - (double)pb->p.dropout_p)) : 0.0f;
-                        o += z * (w[j] / sum) * (float)tu_get(v, b, hk, j, c);
+                        const double z = keep ? tu_round(lp, w[j] / sum) * keep_scale : 0.0;
+                        o = tu_acc_round(lp, o + z * tu_get(v, b, hk, j, c));
                     }
-                    out[((b * Hq + h) * Lq + i) * Dv + c] = (double)o;
+                    out[((b * Hq + h) * Lq + i) * Dv + c] = tu_round(lp, o);
                 }
             }
     free(w);
+}
+
+/* A copy of t in dtype dt (values rounded to it), t freed. */
+static void to_dtype(tu_tensor *t, sdpa_dtype dt) {
+    tu_tensor c =
+        tu_alloc(dt, t->t.shape[0], t->t.shape[1], t->t.shape[2], t->t.shape[3], TU_BHLD, 0, 0);
+    tu_copy(&c.t, &t->t);
+    tu_free(t);
+    *t = c;
 }
 
 /* The tiled forward draws the masks itself: at every level it passes the rule against the
@@ -344,19 +355,30 @@ static void naive_dropout_f32(const tu_problem *pb, double *out) {
  * and a NaN in the V of a key that a row sees but drops still makes that column NaN there
  * (0 x NaN, as PyTorch), also on the careful path (a slice with a hidden key). */
 static void test_tiled_forward_dropout(void) {
+    /* the bf16 cases, D a multiple of 32, are the AMX table's own where the CPU has it */
     static const struct {
         tu_dims d;
         int causal;
         float p;
-    } cases[] = {{{1, 2, 2, 70, 70, 16, 16}, 0, 0.2f},
-                 {{2, 4, 2, 33, 150, 24, 8}, 0, 0.5f},
-                 {{1, 3, 1, 129, 129, 32, 32}, 1, 0.3f},
-                 {{1, 2, 2, 1, 700, 64, 64}, 0, 0.1f}};
+        sdpa_dtype dt;
+    } cases[] = {{{1, 2, 2, 70, 70, 16, 16}, 0, 0.2f, SDPA_F32},
+                 {{2, 4, 2, 33, 150, 24, 8}, 0, 0.5f, SDPA_F32},
+                 {{1, 3, 1, 129, 129, 32, 32}, 1, 0.3f, SDPA_F32},
+                 {{1, 2, 2, 1, 700, 64, 64}, 0, 0.1f, SDPA_F32},
+                 {{1, 4, 2, 150, 200, 64, 64}, 1, 0.2f, SDPA_BF16},
+                 {{1, 2, 1, 1, 700, 128, 128}, 0, 0.1f, SDPA_BF16}};
     tu_impl impls[TU_MAX_IMPLS];
     const int n_impls = tu_impls(impls);
     for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
         tu_rng r = {77 + n};
         tu_problem pb = tu_problem_new(cases[n].d, &r);
+        const sdpa_dtype dt = cases[n].dt;
+        if (dt != SDPA_F32) {
+            to_dtype(&pb.q, dt);
+            to_dtype(&pb.k, dt);
+            to_dtype(&pb.v, dt);
+            to_dtype(&pb.o, dt);
+        }
         pb.p.causal = cases[n].causal;
         pb.p.dropout_p = cases[n].p;
         pb.p.dropout_seed = 1234 + n;
@@ -366,14 +388,14 @@ static void test_tiled_forward_dropout(void) {
                      n_lse = (size_t)(d.B * d.Hq * d.Lq);
         tu_tensor go = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, d.Dv, TU_BHLD, 0, 0);
         tu_tensor gl = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, 1, TU_BHLD, 0, 0);
-        tu_tensor o2 = tu_alloc(SDPA_F32, d.B, d.Hq, d.Lq, d.Dv, TU_BHLD, 0, 0);
+        tu_tensor o2 = tu_alloc(dt, d.B, d.Hq, d.Lq, d.Dv, TU_BHLD, 0, 0);
         sdpa_ctx *ref = tu_ctx(1, SDPA_ISA_AUTO);
         CHECK_INT_EQ(tu_golden_forward(ref, &pb.q.t, &pb.k.t, &pb.v.t, &pb.p, &go.t, &gl.t),
                      SDPA_OK);
         sdpa_ctx_destroy(ref);
         double *golden = tu_to_doubles(&go.t), *golden_lse = tu_to_doubles(&gl.t);
         double *lp = malloc(n_out * sizeof *lp);
-        naive_dropout_f32(&pb, lp);
+        naive_dropout(&pb, dt, lp);
         for (int t = 0; t < n_impls; t++) {
             if (!impls[t].runs)
                 printf("    [%s] skipped: the CPU lacks %s\n", impls[t].name, impls[t].missing);
@@ -386,9 +408,9 @@ static void test_tiled_forward_dropout(void) {
                       sdpa_ctx_last_kernel(ctx), impls[t].name);
             double *got = tu_to_doubles(&pb.o.t), *got_lse = tu_to_doubles(&pb.lse.t);
             char what[96];
-            snprintf(what, sizeof what, "dropout %.1f case %zu [%s] out", (double)cases[n].p, n,
-                     impls[t].name);
-            CHECK(tu_rule(what, got, lp, golden, n_out, SDPA_F32, 3.0, 0.0));
+            snprintf(what, sizeof what, "dropout %.1f case %zu %s [%s] out", (double)cases[n].p, n,
+                     sdpa_dtype_name(dt), impls[t].name);
+            CHECK(tu_rule(what, got, lp, golden, n_out, dt, dt == SDPA_F32 ? 3.0 : 2.0, 0.0));
             double worst = 0.0;
             for (size_t x = 0; x < n_lse; x++)
                 worst = fmax(worst, fabs(got_lse[x] - golden_lse[x]));
