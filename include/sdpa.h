@@ -240,10 +240,9 @@ SDPA_API sdpa_isa sdpa_ctx_cpu_isa(const sdpa_ctx *ctx);
 /* @return the name of the implementation sdpa_forward prefers on this context ("flash-amx",
  *         "flash-avx512", "flash-avx2", "flash-generic", "reference"), for reports and
  *         benchmarks. One that takes only some problems passes the others to the next one
- *         down (flash-amx takes bf16 Q, K and V of the head sizes it tiles: an f32
- *         problem runs flash-avx512);
- *         sdpa_ctx_describe() says which, and sdpa_ctx_last_kernel() what a call ran.
- *         Static storage; NULL ctx gives "". */
+ *         down (flash-amx takes bf16 Q, K and V of the head sizes it tiles: an f32 problem
+ *         runs flash-avx512); sdpa_ctx_describe() says which, and sdpa_ctx_last_kernel()
+ *         what a call ran. Static storage; NULL ctx gives "". */
 SDPA_API const char *sdpa_ctx_kernel(const sdpa_ctx *ctx);
 
 /* @return the name of the implementation the last successful call on this context ran
