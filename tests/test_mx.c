@@ -142,13 +142,15 @@ static int check_rule(const char *name, mx_problem *m, sdpa_isa level, int diffe
 /* Shapes around the unit's tiles (16 rows, 16 keys, 32 features of K, 16 of V; 2 x 2 blocks)
  * and the driver's (64 or 128 keys a tile, 256 rows a task), unmasked and causal: 2 query heads
  * to a kv head, but one at L 256 and 320/384, where the causal diagonal's tiles cut at most 64
- * rows, so that the driver takes each in one slice, as a half tile at Dv <= 64. */
+ * rows, so that the driver takes each in one slice, as a half tile at Dv <= 64; and decode-sized
+ * rows over 2100 and 2600 keys, which split-KV cuts into chunks merged afterwards. */
 static void test_mx_shapes(void) {
     tu_impl impls[TU_MAX_IMPLS];
     const int n = mx_impls(impls, "shapes");
-    static const int64_t lens[][2] = {{1, 1},     {16, 16},   {15, 17},   {17, 33},
-                                      {33, 65},   {64, 64},   {3, 130},   {130, 3},
-                                      {129, 200}, {200, 129}, {256, 256}, {320, 384}};
+    /* (the last two: one task, whose keys split-KV cuts into chunks of 512 and more) */
+    static const int64_t lens[][2] = {{1, 1},     {16, 16},   {15, 17},  {17, 33},   {33, 65},
+                                      {64, 64},   {3, 130},   {130, 3},  {129, 200}, {200, 129},
+                                      {256, 256}, {320, 384}, {1, 2100}, {5, 2600}};
     static const int64_t dims[][2] = {{32, 16}, {64, 64}, {128, 128}, {96, 48}, {64, 144}};
     for (int t = 0; t < n; t++)
         for (size_t a = 0; a < sizeof lens / sizeof lens[0]; a++)
