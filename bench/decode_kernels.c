@@ -5,10 +5,11 @@
  * cycles; the TSC rate is /proc/cpuinfo's "cpu MHz" on most Linux guests).
  *
  *     cc -O2 -Iinclude bench/decode_kernels.c build/libsdpa.a -lm -lpthread -o /tmp/dk
- *     /tmp/dk [keys 4096] [reps 1000] [f16|f32] [avx512|avx2]
+ *     /tmp/dk [keys 4096] [reps 1000] [f16|bf16|f32] [avx512|avx2] [rows 4]
  *
- * 4 query rows (a GQA group of 4, Lq = 1), D = 128. The table's softmax_few runs where the
- * table has one, its softmax otherwise. Not a test: nothing is checked but that it runs.
+ * `rows` query rows (1 to 4: a GQA group of that many, Lq = 1), D = 128. The table's softmax_few
+ * runs where the table has one, its softmax otherwise. Not a test: nothing is checked but that it
+ * runs.
  */
 #include "../src/core/half.h"
 #include "../src/kernels/ukernels.h"
@@ -22,8 +23,18 @@ enum { D = 128, NR = 4, SLICE = 64 };
 
 int main(int argc, char **argv) {
     const long nkeys = argc > 1 ? atol(argv[1]) : 4096, reps = argc > 2 ? atol(argv[2]) : 1000;
-    const int half = argc > 3 ? strcmp(argv[3], "f32") != 0 : 1;
+    const char *type = argc > 3 ? argv[3] : "f16";
+    const int half = strcmp(type, "f32") != 0, bf16 = strcmp(type, "bf16") == 0;
+    if (half && !bf16 && strcmp(type, "f16") != 0) {
+        fprintf(stderr, "decode_kernels: the cache type is f16, bf16 or f32\n");
+        return 2;
+    }
     const int want_avx2 = argc > 4 && strcmp(argv[4], "avx2") == 0;
+    const int nr = argc > 5 ? atoi(argv[5]) : NR;
+    if (nr < 1 || nr > NR) {
+        fprintf(stderr, "decode_kernels: rows must be 1 to %d\n", NR);
+        return 2;
+    }
     if (!want_avx2 && !__builtin_cpu_supports("avx512bw")) {
         fprintf(stderr, "decode_kernels: this CPU has no AVX-512; pass avx2\n");
         return 2;
@@ -43,7 +54,8 @@ int main(int argc, char **argv) {
         const float x = (float)((i * 7) % 101) * 0.01f - 0.5f;
         const float y = (float)((i * 5) % 103) * 0.01f - 0.5f;
         if (half) {
-            const uint16_t hx = sdpa__f64_to_f16(x), hy = sdpa__f64_to_f16(y);
+            const uint16_t hx = bf16 ? sdpa__f64_to_bf16(x) : sdpa__f64_to_f16(x);
+            const uint16_t hy = bf16 ? sdpa__f64_to_bf16(y) : sdpa__f64_to_f16(y);
             memcpy(k + 2 * i, &hx, 2);
             memcpy(v + 2 * i, &hy, 2);
         } else {
@@ -58,7 +70,7 @@ int main(int argc, char **argv) {
         m[r] = -1e30f;
         l[r] = 0.0f;
     }
-    const int elem = half ? SDPA__ELEM_F16 : SDPA__ELEM_F32;
+    const int elem = bf16 ? SDPA__ELEM_BF16 : half ? SDPA__ELEM_F16 : SDPA__ELEM_F32;
     double t_qk = 0, t_sm = 0, t_pv = 0;
     for (long r = 0; r < reps; r++)
         for (long j = 0; j < nkeys; j += SLICE) {
@@ -68,26 +80,26 @@ int main(int argc, char **argv) {
             const char *kn = k + jn * D * es, *vn = v + jn * D * es;
             const unsigned long long a = __rdtsc();
             if (half)
-                uk->qk_few_half(elem, SLICE, NR, D, kj, D, kn, rows, 0.088f, s, 16);
+                uk->qk_few_half(elem, SLICE, nr, D, kj, D, kn, rows, 0.088f, s, 16);
             else
-                uk->qk_few(SLICE, NR, D, (const float *)kj, D, (const float *)kn, rows, 0.088f, s,
+                uk->qk_few(SLICE, nr, D, (const float *)kj, D, (const float *)kn, rows, 0.088f, s,
                            16);
             const unsigned long long b = __rdtsc();
             if (uk->softmax_few != NULL)
-                uk->softmax_few(SLICE, NR, s, 16, m, l, alpha);
+                uk->softmax_few(SLICE, nr, s, 16, m, l, alpha);
             else
-                uk->softmax(SLICE, 16, s, 16, m, l, alpha);
+                uk->softmax(SLICE, nr, s, 16, m, l, alpha);
             const unsigned long long c = __rdtsc();
-            uk->pv_few(elem, SLICE, NR, D, s, 16, alpha, vj, D, vn, o, D);
+            uk->pv_few(elem, SLICE, nr, D, s, 16, alpha, vj, D, vn, o, D);
             const unsigned long long d = __rdtsc();
             t_qk += (double)(b - a);
             t_sm += (double)(c - b);
             t_pv += (double)(d - c);
         }
     const double per = (double)reps * (double)nkeys;
-    printf("%s, %s cache, %ld keys, 4 rows, D=%d: TSC cycles per key: qk %.1f, softmax %.1f, "
+    printf("%s, %s cache, %ld keys, %d rows, D=%d: TSC cycles per key: qk %.1f, softmax %.1f, "
            "pv %.1f, all %.1f (o[0] %g)\n",
-           uk->name, half ? "f16" : "f32", nkeys, D, t_qk / per, t_sm / per, t_pv / per,
+           uk->name, type, nkeys, nr, D, t_qk / per, t_sm / per, t_pv / per,
            (t_qk + t_sm + t_pv) / per, o[0]);
     return 0;
 }
