@@ -616,10 +616,12 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
         const int64_t js = sl.js, nk = sl.nk, r0 = sl.r0, r1pad = sl.r1pad, r1use = sl.r1use;
         float *s0 = s + r0;
         /* qk_few serves f32 queries read in place (widened half-precision queries keep
-         * qk's order of summation); a half-precision cache is then read in place too */
+         * qk's order of summation); a half-precision cache is then read in place too, even
+         * where the worker keeps the head widened: qk_few_half may sum bf16 keys in an order
+         * of its own, and wide_k depends on the number of workers */
         const int few = uk->qk_few != NULL && pl->q_direct && r1use - r0 <= SDPA__FEW_ROWS &&
                         r1pad - r0 == uk->lanes;
-        const int k_half = few && pl->k_half && !pl->wide_k && uk->qk_few_half != NULL;
+        const int k_half = few && pl->k_half && uk->qk_few_half != NULL;
         const int v_few = few && (pl->v_direct || pl->v_half || pl->wide_v) && uk->pv_few != NULL;
         /* the next slice's first key, whose rows the kernels ask for ahead (the next page's
          * in a paged cache; past the chunk, the next chunk's); the sequence's last slice

@@ -213,6 +213,27 @@ INLINE __m256 load8_tail(int elem, const void *base, int64_t i, __m256i dm) {
     return widen8(elem, _mm_loadu_si128((const __m128i *)t));
 }
 
+/* The even (2t) or, with odd, the odd (2t + 1) elements of 16 bf16 at element index i of
+ * base, widened exactly, element 2t + odd in lane t. Read as 8 dwords, each holds an odd
+ * element in its upper half (already an f32's bits once the lower half is cleared) and an
+ * even one in its lower (a shift): one operation per 8 elements, where widen8 takes two. */
+INLINE __m256 load_bf16_half(const void *base, int64_t i, int odd) {
+    const __m256i x = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+    return _mm256_castsi256_ps(odd ? _mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u))
+                                   : _mm256_slli_epi32(x, 16));
+}
+
+/* Two vectors of 8 consecutive features (lo: 0..7, hi: 8..15) regrouped: the even features,
+ * then the odd ones (load_bf16_half's layout). */
+INLINE __m256 even_of(__m256 lo, __m256 hi) {
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
+}
+INLINE __m256 odd_of(__m256 lo, __m256 hi) {
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8));
+}
+
 /* The address of element i of base, of type elem. */
 INLINE const char *elem_at(int elem, const void *base, int64_t i) {
     return (const char *)base + i * (elem == SDPA__ELEM_F32 ? 4 : 2);
@@ -242,8 +263,8 @@ INLINE __m128 hsum4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
  * keys' elements are of type elem (the cache's: widened in registers). The block is keys
  * [j, j + nb) of a slice of nk at k0, whose rows continue at next (for the requests ahead). */
 INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, const void *next,
-                         int64_t nk, int64_t j, int64_t ldk, const float *const *q, float scale,
-                         float *s, int64_t lds) {
+                         int64_t nk, int64_t j, int64_t ldk, const float *const *q,
+                         const float *const *qp, int64_t dp, float scale, float *s, int64_t lds) {
     const void *k = elem_at(elem, k0, j * ldk);
     /* the rows ahead of the block's first key, the others' following them (qk_few_rows) */
     const char *far = row_ahead(elem, k0, next, nk, j + FEW_PREFETCH_KEYS, ldk);
@@ -253,6 +274,28 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
         for (int b = 0; b < nb; b++)
             acc[r][b] = _mm256_setzero_ps();
     int64_t d = 0;
+    /* bf16 keys: unless qp is NULL, their first dp features (a multiple of 16) 16 at a time,
+     * widened by load_bf16_half, against the rows qp (pair_rows): each lane sums a pair of
+     * adjacent features. Each half is widened from the row again (an L1 read) rather than
+     * kept: 4 rows by 3 keys fill the 16 registers with the accumulators, keys and a row. */
+    if (elem == SDPA__ELEM_BF16 && qp != NULL)
+        for (; d < dp; d += 16) {
+            __m256 kh[8];
+            if (d % 32 == 0) /* once per 64-byte line */
+                for (int b = 0; b < nb; b++) {
+                    _mm_prefetch(elem_at(elem, far, b * ldk + d), _MM_HINT_T1);
+                    _mm_prefetch(elem_at(elem, near, b * ldk + d), _MM_HINT_T0);
+                }
+            for (int half = 0; half < 2; half++) {
+                for (int b = 0; b < nb; b++)
+                    kh[b] = load_bf16_half(k, b * ldk + d, half);
+                for (int r = 0; r < nr; r++) {
+                    const __m256 qv = _mm256_loadu_ps(qp[r] + d + 8 * half);
+                    for (int b = 0; b < nb; b++)
+                        acc[r][b] = _mm256_fmadd_ps(kh[b], qv, acc[r][b]);
+                }
+            }
+        }
     for (; d + 8 <= dk; d += 8) {
         __m256 kv[8];
         if (d % (elem == SDPA__ELEM_F32 ? 16 : 32) == 0) /* once per 64-byte line */
@@ -292,11 +335,11 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
 /* Keys [j, end) nb at a time, then the rest one at a time. */
 INLINE int64_t qk_few_run(int elem, int nr, int nb, int64_t j, int64_t end, int64_t nk, int64_t dk,
                           const void *k, int64_t ldk, const void *next, const float *const *q,
-                          float scale, float *s, int64_t lds) {
+                          const float *const *qp, int64_t dp, float scale, float *s, int64_t lds) {
     for (; j + nb <= end; j += nb)
-        qk_few_block(elem, nr, nb, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, nb, dk, k, next, nk, j, ldk, q, qp, dp, scale, s + j * lds, lds);
     for (; j < end; j++)
-        qk_few_block(elem, nr, 1, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 1, dk, k, next, nk, j, ldk, q, qp, dp, scale, s + j * lds, lds);
     return j;
 }
 
@@ -304,29 +347,52 @@ INLINE int64_t qk_few_run(int elem, int nr, int nb, int64_t j, int64_t end, int6
  * ahead pass the slice's end, so that no block's rows ahead straddle it: a block asks for
  * consecutive rows from one start, in the slice or at next (a page's end in a paged cache). */
 INLINE void qk_few_rows(int elem, int nr, int nb, int64_t nk, int64_t dk, const void *k,
-                        int64_t ldk, const void *next, const float *const *q, float scale, float *s,
-                        int64_t lds) {
-    int64_t j =
-        qk_few_run(elem, nr, nb, 0, nk - FEW_PREFETCH_KEYS, nk, dk, k, ldk, next, q, scale, s, lds);
-    j = qk_few_run(elem, nr, nb, j, nk - FEW_NEAR_KEYS, nk, dk, k, ldk, next, q, scale, s, lds);
-    qk_few_run(elem, nr, nb, j, nk, nk, dk, k, ldk, next, q, scale, s, lds);
+                        int64_t ldk, const void *next, const float *const *q,
+                        const float *const *qp, int64_t dp, float scale, float *s, int64_t lds) {
+    int64_t j = qk_few_run(elem, nr, nb, 0, nk - FEW_PREFETCH_KEYS, nk, dk, k, ldk, next, q, qp, dp,
+                           scale, s, lds);
+    j = qk_few_run(elem, nr, nb, j, nk - FEW_NEAR_KEYS, nk, dk, k, ldk, next, q, qp, dp, scale, s,
+                   lds);
+    qk_few_run(elem, nr, nb, j, nk, nk, dk, k, ldk, next, q, qp, dp, scale, s, lds);
+}
+
+/* The most features of a query row that qk_few_half regroups for bf16 keys (on the stack);
+ * past them it reads the row in place. */
+enum { PAIR_Q_MAX = 512 };
+
+/* qp[r][0, dp) = q[r][0, dp) regrouped as load_bf16_half lays out keys: in each 16
+ * features, the even ones, then the odd ones. */
+static void pair_rows(int64_t nr, int64_t dp, const float *const *q, float (*qp)[PAIR_Q_MAX]) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t d = 0; d < dp; d += 16) {
+            const __m256 lo = _mm256_loadu_ps(q[r] + d), hi = _mm256_loadu_ps(q[r] + d + 8);
+            _mm256_storeu_ps(qp[r] + d, even_of(lo, hi));
+            _mm256_storeu_ps(qp[r] + d + 8, odd_of(lo, hi));
+        }
 }
 
 INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
                         const void *next, const float *const *q_rows, float scale, float *s,
                         int64_t lds) {
+    /* bf16 keys: the query rows regrouped once for the call */
+    float qbuf[SDPA__FEW_ROWS][PAIR_Q_MAX];
+    const float *qp[SDPA__FEW_ROWS] = {qbuf[0], qbuf[1], qbuf[2], qbuf[3]};
+    const int64_t dp = elem == SDPA__ELEM_BF16 ? (dk < PAIR_Q_MAX ? dk : PAIR_Q_MAX) / 16 * 16 : 0;
+    if (dp > 0)
+        pair_rows(nr < SDPA__FEW_ROWS ? nr : SDPA__FEW_ROWS, dp, q_rows, qbuf);
+    const float *const *qpp = dp > 0 ? qp : NULL;
     switch (nr) {
     case 1:
-        qk_few_rows(elem, 1, 8, nk, dk, k, ldk, next, q_rows, scale, s, lds);
+        qk_few_rows(elem, 1, 8, nk, dk, k, ldk, next, q_rows, qpp, dp, scale, s, lds);
         break;
     case 2:
-        qk_few_rows(elem, 2, 6, nk, dk, k, ldk, next, q_rows, scale, s, lds);
+        qk_few_rows(elem, 2, 6, nk, dk, k, ldk, next, q_rows, qpp, dp, scale, s, lds);
         break;
     case 3:
-        qk_few_rows(elem, 3, 4, nk, dk, k, ldk, next, q_rows, scale, s, lds);
+        qk_few_rows(elem, 3, 4, nk, dk, k, ldk, next, q_rows, qpp, dp, scale, s, lds);
         break;
     default:
-        qk_few_rows(elem, 4, 3, nk, dk, k, ldk, next, q_rows, scale, s, lds);
+        qk_few_rows(elem, 4, 3, nk, dk, k, ldk, next, q_rows, qpp, dp, scale, s, lds);
         break;
     }
 }

@@ -106,6 +106,38 @@ INLINE __m512 load_full(int elem, const void *base, int64_t i) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* 32 bf16 elements at element index i of base, widened exactly: the even ones (2t) in lane t
+ * of *ev, the odd ones (2t + 1) in lane t of *od. Read as 16 dwords, each holds an odd
+ * element in its upper half (already an f32's bits once the lower half is cleared) and an
+ * even one in its lower (a shift): one operation per 16 elements, where load_full's
+ * widening and shift take two. */
+INLINE void load_bf16_pairs(const void *base, int64_t i, __m512 *ev, __m512 *od) {
+    const __m512i x = _mm512_loadu_si512((const uint16_t *)base + i);
+    *ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    *od = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* Lanes of two vectors of 16 consecutive features (lo: 0..15, hi: 16..31, as one index
+ * 0..31 of _mm512_permutex2var_ps) regrouped: the even features, then the odd ones
+ * (load_bf16_pairs' layout); and back. */
+INLINE __m512 even_of(__m512 lo, __m512 hi) {
+    const __m512i i = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    return _mm512_permutex2var_ps(lo, i, hi);
+}
+INLINE __m512 odd_of(__m512 lo, __m512 hi) {
+    const __m512i i = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    return _mm512_permutex2var_ps(lo, i, hi);
+}
+INLINE __m512 features_lo(__m512 ev, __m512 od) { /* features 0..15 of (ev, od) */
+    const __m512i i = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutex2var_ps(ev, i, od);
+}
+INLINE __m512 features_hi(__m512 ev, __m512 od) { /* features 16..31 */
+    const __m512i i =
+        _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    return _mm512_permutex2var_ps(ev, i, od);
+}
+
 /* The address of element i of base, of type elem. */
 INLINE const char *elem_at(int elem, const void *base, int64_t i) {
     return (const char *)base + i * (elem == SDPA__ELEM_F32 ? 4 : 2);
@@ -316,12 +348,34 @@ INLINE void qk_few_step(int elem, int masked, __mmask16 dm, int nr, int nb, cons
     }
 }
 
+/* qk_few_step for 32 bf16 features from d, widened by load_bf16_pairs, against the query
+ * rows qp regrouped to match (pair_rows): each lane sums a pair of adjacent features. */
+INLINE void qk_pair_step(int nr, int nb, const void *k, int64_t ldk, const char *far,
+                         const char *near, const float *const *qp, int64_t d, __m512 acc[4][4]) {
+    __m512 ke[4], ko[4];
+    for (int b = 0; b < nb; b++) { /* (32 elements: one 64-byte line) */
+        _mm_prefetch(elem_at(SDPA__ELEM_BF16, far, b * ldk + d), _MM_HINT_T1);
+        _mm_prefetch(elem_at(SDPA__ELEM_BF16, near, b * ldk + d), _MM_HINT_T0);
+    }
+    for (int b = 0; b < nb; b++)
+        load_bf16_pairs(k, b * ldk + d, &ke[b], &ko[b]);
+    for (int r = 0; r < nr; r++) {
+        const __m512 qe = _mm512_loadu_ps(qp[r] + d), qo = _mm512_loadu_ps(qp[r] + d + 16);
+        for (int b = 0; b < nb; b++)
+            acc[r][b] = _mm512_fmadd_ps(ke[b], qe, acc[r][b]);
+        for (int b = 0; b < nb; b++)
+            acc[r][b] = _mm512_fmadd_ps(ko[b], qo, acc[r][b]);
+    }
+}
+
 /* qk_few for nr rows and a block of nb <= 4 keys, keys [j, j + nb) of a slice of nk at k0
  * (followed by the rows at next): 16 features at a time along each key row, the keys'
- * elements of type elem (the cache's: widened in registers). */
+ * elements of type elem (the cache's: widened in registers). Unless qp is NULL (bf16 keys),
+ * the first dp features, a multiple of 32, go 32 at a time through qk_pair_step, against
+ * the rows qp (q's first dp features regrouped by pair_rows). */
 INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, const void *next,
-                         int64_t nk, int64_t j, int64_t ldk, const float *const *q, float scale,
-                         float *s, int64_t lds) {
+                         int64_t nk, int64_t j, int64_t ldk, const float *const *q,
+                         const float *const *qp, int64_t dp, float scale, float *s, int64_t lds) {
     const void *k = elem_at(elem, k0, j * ldk);
     const char *far = row_ahead(elem, k0, next, nk, j + FEW_PREFETCH_KEYS, ldk);
     const char *near = row_ahead(elem, k0, next, nk, j + FEW_NEAR_KEYS, ldk);
@@ -332,6 +386,9 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
     /* whole vectors of features with plain loads (a masked load costs one more operation on
      * the ports the FMAs use: a fifth of qk_few's time at D = 128), then the masked tail */
     int64_t d = 0;
+    if (elem == SDPA__ELEM_BF16 && qp != NULL)
+        for (; d < dp; d += 32)
+            qk_pair_step(nr, nb, k, ldk, far, near, qp, d, acc);
     for (; d + 16 <= dk; d += 16)
         qk_few_step(elem, 0, 0xffff, nr, nb, k, ldk, far, near, q, d, acc);
     if (d < dk)
@@ -365,18 +422,18 @@ INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, c
 /* Keys [j, end) in blocks of 4, then the rest in one block. */
 INLINE int64_t qk_few_run(int elem, int nr, int64_t j, int64_t end, int64_t nk, int64_t dk,
                           const void *k, int64_t ldk, const void *next, const float *const *q,
-                          float scale, float *s, int64_t lds) {
+                          const float *const *qp, int64_t dp, float scale, float *s, int64_t lds) {
     for (; j + 4 <= end; j += 4)
-        qk_few_block(elem, nr, 4, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 4, dk, k, next, nk, j, ldk, q, qp, dp, scale, s + j * lds, lds);
     switch (end - j) {
     case 3:
-        qk_few_block(elem, nr, 3, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 3, dk, k, next, nk, j, ldk, q, qp, dp, scale, s + j * lds, lds);
         break;
     case 2:
-        qk_few_block(elem, nr, 2, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 2, dk, k, next, nk, j, ldk, q, qp, dp, scale, s + j * lds, lds);
         break;
     case 1:
-        qk_few_block(elem, nr, 1, dk, k, next, nk, j, ldk, q, scale, s + j * lds, lds);
+        qk_few_block(elem, nr, 1, dk, k, next, nk, j, ldk, q, qp, dp, scale, s + j * lds, lds);
         break;
     default:
         break;
@@ -389,29 +446,51 @@ INLINE int64_t qk_few_run(int elem, int nr, int64_t j, int64_t end, int64_t nk, 
  * rows from one start, in the slice or at next (a page's end in a paged cache). At 64 keys
  * the runs are whole blocks. */
 INLINE void qk_few_rows(int elem, int nr, int64_t nk, int64_t dk, const void *k, int64_t ldk,
-                        const void *next, const float *const *q, float scale, float *s,
-                        int64_t lds) {
-    int64_t j =
-        qk_few_run(elem, nr, 0, nk - FEW_PREFETCH_KEYS, nk, dk, k, ldk, next, q, scale, s, lds);
-    j = qk_few_run(elem, nr, j, nk - FEW_NEAR_KEYS, nk, dk, k, ldk, next, q, scale, s, lds);
-    qk_few_run(elem, nr, j, nk, nk, dk, k, ldk, next, q, scale, s, lds);
+                        const void *next, const float *const *q, const float *const *qp, int64_t dp,
+                        float scale, float *s, int64_t lds) {
+    int64_t j = qk_few_run(elem, nr, 0, nk - FEW_PREFETCH_KEYS, nk, dk, k, ldk, next, q, qp, dp,
+                           scale, s, lds);
+    j = qk_few_run(elem, nr, j, nk - FEW_NEAR_KEYS, nk, dk, k, ldk, next, q, qp, dp, scale, s, lds);
+    qk_few_run(elem, nr, j, nk, nk, dk, k, ldk, next, q, qp, dp, scale, s, lds);
+}
+
+/* The most features of a query row that qk_few_half regroups for bf16 keys (on the stack);
+ * past them it reads the row in place. */
+enum { PAIR_Q_MAX = 512 };
+
+/* qp[r][0, dp) = q[r][0, dp) regrouped as load_bf16_pairs lays out keys: in each 32
+ * features, the even ones, then the odd ones. */
+static void pair_rows(int64_t nr, int64_t dp, const float *const *q, float (*qp)[PAIR_Q_MAX]) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t d = 0; d < dp; d += 32) {
+            const __m512 lo = _mm512_loadu_ps(q[r] + d), hi = _mm512_loadu_ps(q[r] + d + 16);
+            _mm512_storeu_ps(qp[r] + d, even_of(lo, hi));
+            _mm512_storeu_ps(qp[r] + d + 16, odd_of(lo, hi));
+        }
 }
 
 INLINE void qk_few_elem(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
                         const void *next, const float *const *q_rows, float scale, float *s,
                         int64_t lds) {
+    /* bf16 keys: the query rows regrouped once for the call */
+    float qbuf[SDPA__FEW_ROWS][PAIR_Q_MAX];
+    const float *qp[SDPA__FEW_ROWS] = {qbuf[0], qbuf[1], qbuf[2], qbuf[3]};
+    const int64_t dp = elem == SDPA__ELEM_BF16 ? (dk < PAIR_Q_MAX ? dk : PAIR_Q_MAX) / 32 * 32 : 0;
+    if (dp > 0)
+        pair_rows(nr < SDPA__FEW_ROWS ? nr : SDPA__FEW_ROWS, dp, q_rows, qbuf);
+    const float *const *qpp = dp > 0 ? qp : NULL;
     switch (nr) {
     case 1:
-        qk_few_rows(elem, 1, nk, dk, k, ldk, next, q_rows, scale, s, lds);
+        qk_few_rows(elem, 1, nk, dk, k, ldk, next, q_rows, qpp, dp, scale, s, lds);
         break;
     case 2:
-        qk_few_rows(elem, 2, nk, dk, k, ldk, next, q_rows, scale, s, lds);
+        qk_few_rows(elem, 2, nk, dk, k, ldk, next, q_rows, qpp, dp, scale, s, lds);
         break;
     case 3:
-        qk_few_rows(elem, 3, nk, dk, k, ldk, next, q_rows, scale, s, lds);
+        qk_few_rows(elem, 3, nk, dk, k, ldk, next, q_rows, qpp, dp, scale, s, lds);
         break;
     default:
-        qk_few_rows(elem, 4, nk, dk, k, ldk, next, q_rows, scale, s, lds);
+        qk_few_rows(elem, 4, nk, dk, k, ldk, next, q_rows, qpp, dp, scale, s, lds);
         break;
     }
 }
@@ -750,12 +829,23 @@ static void ds_avx512(int64_t nr, int64_t n, float *dp, int64_t ld, const float 
 INLINE void pv_block(int tr, int elem, int mr, int nv, int careful, __mmask16 last, int64_t nk,
                      const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                      const void *vn, float *o, int64_t ldo) {
+    /* bf16 rows of whole pairs of vectors are widened by load_bf16_pairs, and the
+     * accumulators of each pair hold its even and odd columns: each column's products and
+     * sums are the same, in the same order */
+    const int pairs = elem == SDPA__ELEM_BF16 && nv % 2 == 0 && last == 0xffff;
     __m512 acc[12][4];
     for (int a = 0; a < mr; a++) {
         const __m512 al = _mm512_set1_ps(alpha[a]);
         for (int c = 0; c < nv; c++)
-            acc[a][c] = _mm512_mul_ps(
-                al, _mm512_maskz_loadu_ps(c == nv - 1 ? last : 0xffff, o + a * ldo + 16 * c));
+            acc[a][c] = _mm512_maskz_loadu_ps(c == nv - 1 ? last : 0xffff, o + a * ldo + 16 * c);
+        if (pairs)
+            for (int c = 0; c < nv; c += 2) {
+                const __m512 lo = acc[a][c];
+                acc[a][c] = even_of(lo, acc[a][c + 1]);
+                acc[a][c + 1] = odd_of(lo, acc[a][c + 1]);
+            }
+        for (int c = 0; c < nv; c++)
+            acc[a][c] = _mm512_mul_ps(al, acc[a][c]);
     }
     for (int64_t j = 0; j < nk; j++) {
         __m512 vv[4];
@@ -763,8 +853,12 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int careful, __mmask16 la
             for (int c = 0; c < nv; c++)
                 if (elem == SDPA__ELEM_F32 || c % 2 == 0) /* once per 64-byte line */
                     _mm_prefetch(elem_at(elem, vn, j * ldv + 16 * c), _MM_HINT_T1);
-        for (int c = 0; c < nv; c++)
-            vv[c] = load_elems(elem, v, j * ldv + 16 * c, c == nv - 1 ? last : 0xffff);
+        if (pairs)
+            for (int c = 0; c < nv; c += 2)
+                load_bf16_pairs(v, j * ldv + 16 * c, &vv[c], &vv[c + 1]);
+        else
+            for (int c = 0; c < nv; c++)
+                vv[c] = load_elems(elem, v, j * ldv + 16 * c, c == nv - 1 ? last : 0xffff);
         for (int a = 0; a < mr; a++) {
             const __m512 pb = _mm512_set1_ps(tr ? p[a * ldp + j] : p[j * ldp + a]);
             if (careful) {
@@ -779,9 +873,16 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int careful, __mmask16 la
             }
         }
     }
-    for (int a = 0; a < mr; a++)
+    for (int a = 0; a < mr; a++) {
+        if (pairs)
+            for (int c = 0; c < nv; c += 2) {
+                const __m512 ev = acc[a][c];
+                acc[a][c] = features_lo(ev, acc[a][c + 1]);
+                acc[a][c + 1] = features_hi(ev, acc[a][c + 1]);
+            }
         for (int c = 0; c < nv; c++)
             _mm512_mask_storeu_ps(o + a * ldo + 16 * c, c == nv - 1 ? last : 0xffff, acc[a][c]);
+    }
 }
 
 /* n < 6 rows in one block (see qk_tail). */
