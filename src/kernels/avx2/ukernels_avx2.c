@@ -667,7 +667,7 @@ INLINE void store_cols(int masked, __m256i last, float *x, __m256 y) {
 INLINE void pv_block(int tr, int elem, int mr, int nv, int masked, int careful, __m256i last,
                      int64_t nk, const float *p, int64_t ldp, const float *alpha, const void *v,
                      int64_t ldv, const void *vn, float *o, int64_t ldo) {
-    __m256 acc[6][2];
+    __m256 acc[6][8];
     for (int a = 0; a < mr; a++) {
         const __m256 al = _mm256_broadcast_ss(alpha + a);
         for (int c = 0; c < nv; c++)
@@ -675,9 +675,11 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int masked, int careful, 
                 _mm256_mul_ps(al, load_cols(masked && c == nv - 1, last, o + a * ldo + 8 * c));
     }
     for (int64_t j = 0; j < nk; j++) {
-        __m256 vv[2];
-        if (vn != NULL)
-            _mm_prefetch(elem_at(elem, vn, j * ldv), _MM_HINT_T1);
+        __m256 vv[8];
+        if (vn != NULL) /* each 64-byte line the block's columns start */
+            for (int c = 0; c < nv; c++)
+                if (8 * c % (elem == SDPA__ELEM_F32 ? 16 : 32) == 0)
+                    _mm_prefetch(elem_at(elem, vn, j * ldv + 8 * c), _MM_HINT_T1);
         for (int c = 0; c < nv; c++)
             vv[c] = masked && c == nv - 1 ? load8_tail(elem, v, j * ldv + 8 * c, last)
                                           : load8(elem, v, j * ldv + 8 * c);
@@ -740,9 +742,10 @@ INLINE const void *line_ahead(int elem, const void *vn, int64_t c) {
     return vn != NULL && (elem == SDPA__ELEM_F32 || c % 32 == 0) ? elem_at(elem, vn, c) : NULL;
 }
 
-/* P V over the columns in blocks of 16, each block a pass over the keys. Unless vn is NULL
- * (pv_few: a decode step's few rows), each pass that starts a 64-byte line of the row (every
- * pass of f32, every other of f16 and bf16) also requests that line of the rows at vn, the next
+/* P V over the columns in blocks of 16 (64 or 32 first for one or two rows), each block a pass
+ * over the keys. Unless vn is NULL (pv_few: a decode step's few rows), each pass that starts a
+ * 64-byte line of the row (every pass of f32, every other of f16 and bf16; each line of a wider
+ * block) also requests that line of the rows at vn, the next
  * slice's, into L2: the next slice's V is asked for a slice ahead, spread over this one's work
  * rather than in a burst that would stall the loads behind it (a prefetch never faults). */
 INLINE void pv_all(int tr, int elem, int careful, int64_t nk, int64_t nr, int64_t dv,
@@ -750,6 +753,17 @@ INLINE void pv_all(int tr, int elem, int careful, int64_t nk, int64_t nr, int64_
                    const void *vn, float *o, int64_t ldo) {
     const __m256i none = _mm256_setzero_si256();
     int64_t c = 0;
+    /* one or two rows (a decode step without grouped heads, or a group of two): 64 or 32
+     * columns a pass, so that 8 accumulators, not 2 or 4, cover the FMAs' latency (each
+     * column's sum is the same) */
+    if (nr == 1)
+        for (; c + 64 <= dv; c += 64)
+            pv_block(tr, elem, 1, 8, 0, careful, none, nk, p, ldp, alpha, elem_at(elem, v, c), ldv,
+                     vn != NULL ? elem_at(elem, vn, c) : NULL, o + c, ldo);
+    if (nr == 2)
+        for (; c + 32 <= dv; c += 32)
+            pv_block(tr, elem, 2, 4, 0, careful, none, nk, p, ldp, alpha, elem_at(elem, v, c), ldv,
+                     vn != NULL ? elem_at(elem, vn, c) : NULL, o + c, ldo);
     for (; c + 16 <= dv; c += 16)
         pv_cols(tr, elem, 2, 0, careful, none, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
                 line_ahead(elem, vn, c), o + c, ldo);

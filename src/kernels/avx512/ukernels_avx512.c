@@ -833,7 +833,7 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int careful, __mmask16 la
      * accumulators of each pair hold its even and odd columns: each column's products and
      * sums are the same, in the same order */
     const int pairs = elem == SDPA__ELEM_BF16 && nv % 2 == 0 && last == 0xffff;
-    __m512 acc[12][4];
+    __m512 acc[12][8];
     for (int a = 0; a < mr; a++) {
         const __m512 al = _mm512_set1_ps(alpha[a]);
         for (int c = 0; c < nv; c++)
@@ -848,7 +848,7 @@ INLINE void pv_block(int tr, int elem, int mr, int nv, int careful, __mmask16 la
             acc[a][c] = _mm512_mul_ps(al, acc[a][c]);
     }
     for (int64_t j = 0; j < nk; j++) {
-        __m512 vv[4];
+        __m512 vv[8];
         if (vn != NULL)
             for (int c = 0; c < nv; c++)
                 if (elem == SDPA__ELEM_F32 || c % 2 == 0) /* once per 64-byte line */
@@ -924,7 +924,8 @@ INLINE void pv_cols(int tr, int elem, int nv, int careful, __mmask16 last, int64
             ldv, vn, o + r * ldo, ldo);
 }
 
-/* P V over the columns in blocks of up to 64, each block a pass over the keys. Unless vn is
+/* P V over the columns in blocks of up to 64 (of 128 first for one row), each block a pass
+ * over the keys. Unless vn is
  * NULL (pv_few: a decode step's few rows), each pass also requests its columns of the rows at
  * vn, the next slice's, into L2: the next slice's V is asked for a slice ahead, spread over
  * this one's work. A prefetch never faults. */
@@ -932,6 +933,12 @@ INLINE void pv_all(int tr, int elem, int careful, int64_t nk, int64_t nr, int64_
                    const float *p, int64_t ldp, const float *alpha, const void *v, int64_t ldv,
                    const void *vn, float *o, int64_t ldo) {
     int64_t c = 0;
+    /* one row (a decode step without grouped heads): 128 columns a pass, so that 8
+     * accumulators, not 4, cover the FMAs' latency (each column's sum is the same) */
+    if (nr == 1)
+        for (; c + 128 <= dv; c += 128)
+            pv_block(tr, elem, 1, 8, careful, 0xffff, nk, p, ldp, alpha, elem_at(elem, v, c), ldv,
+                     vn != NULL ? elem_at(elem, vn, c) : NULL, o + c, ldo);
     for (; c + 64 <= dv; c += 64)
         pv_cols(tr, elem, 4, careful, 0xffff, nk, nr, p, ldp, alpha, elem_at(elem, v, c), ldv,
                 vn != NULL ? elem_at(elem, vn, c) : NULL, o + c, ldo);
