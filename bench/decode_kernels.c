@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
             if (uk->softmax_few != NULL)
                 uk->softmax_few(SLICE, nr, s, 16, m, l, alpha);
             else
-                uk->softmax(SLICE, nr, s, 16, m, l, alpha);
+                uk->softmax(SLICE, uk->lanes, s, 16, m, l, alpha);
             const unsigned long long c = __rdtsc();
             uk->pv_few(elem, SLICE, nr, D, s, 16, alpha, vj, D, vn, o, D);
             const unsigned long long d = __rdtsc();

@@ -418,8 +418,10 @@ static void few_scores(const sdpa__ukernels *uk, int elem, int64_t nk, int64_t n
  * (k_next, v_next) are other rows of the same buffer: a request changes no result. And
  * qk_few's and qk_few_half's scores of several rows are bitwise those of each row alone. */
 static void test_few_in_place_entries(void) {
-    static const int64_t dims[] = {1, 7, 8, 9, 15, 16, 17, 33, 64, 127, 128, 129};
-    enum { NK = 37, LD_PAD = 5, MAXD = 129 };
+    /* (160: a pair of vectors after two blocks of 64 columns; 577: past the 512 features a
+     * table regroups on the stack for bf16 keys) */
+    static const int64_t dims[] = {1, 7, 8, 9, 15, 16, 17, 33, 64, 127, 128, 129, 160, 577};
+    enum { NK = 37, LD_PAD = 5, MAXD = 577 };
     const int64_t ld = MAXD + LD_PAD;
     uint16_t *h = malloc(NK * ld * sizeof *h);
     float *f = malloc(NK * ld * sizeof *f); /* the f32 cache */

@@ -60,10 +60,11 @@ typedef struct sdpa__ukernels {
      * or SDPA__ELEM_BF16; unit feature stride, row stride ldk in elements), widened as they
      * are loaded, with no pass through a packed f32 tile. For f16, bitwise what qk_few gives
      * on those rows widened first by load_row. For bf16 a table may add a score's products
-     * in an order of its own (AVX-512: two adjacent features in one lane, which widens 32 keys'
-     * elements in two operations), as accurate as qk_few's sum; fixed, so that a row's scores
-     * depend on nothing but its query row and the keys. The driver takes it for every
-     * few-row slice of a half-precision K, even where a widened copy of K exists. */
+     * in an order of its own (AVX-512 and AVX2: two adjacent features in one lane, so that
+     * 32 (16) elements of a key row are widened in two operations), as accurate as qk_few's
+     * sum; fixed, so that a row's scores depend on nothing but its query row and the keys.
+     * The driver takes it for every few-row slice of a half-precision K that it can read in
+     * place (unit feature stride), even where a widened copy of K exists. */
     void (*qk_few_half)(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k, int64_t ldk,
                         const void *k_next, const float *const *q_rows, float scale, float *s,
                         int64_t lds);
