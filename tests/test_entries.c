@@ -2,9 +2,9 @@
  * test_entries.c — the micro-kernel tables' entries (src/kernels/ukernels.h) one at a time,
  * against their contracts, at every ISA level the CPU has: the accuracy of each table's exp
  * (through its softmax) and softcap, the widening and storing, the decode entries that read a
- * cache in place, and ALiBi's and the mask's terms (bias). The drivers' use of them is tested
- * through the public calls (test_flash.c, test_flash_backward.c, test_backward_schedules.c). Tables
- * the CPU cannot run are reported as skipped, never as passed.
+ * cache in place, the few-rows softmax, and ALiBi's and the mask's terms (bias). The drivers' use
+ * of them is tested through the public calls (test_flash.c, test_flash_backward.c,
+ * test_backward_schedules.c). Tables the CPU cannot run are reported as skipped, never as passed.
  */
 #include "check.h"
 #include "testutil.h"
@@ -399,6 +399,92 @@ static void test_convert_rows(void) {
     free(hg);
 }
 
+/* softmax_few against the same table's softmax on the same scores: nr = 1..4 rows, key counts
+ * around its groups of four (and of a vector), running states fresh (m = -inf, l = 0),
+ * carried from earlier keys, and above every score; hidden keys (-inf) scattered, a row all
+ * hidden, and scores far below the row's best (weights +0). The weights, m and alpha are
+ * bitwise softmax's in lanes [0, nr), l within its sum's rounding ((nk + 1) 2^-24 relative:
+ * it may add in another fixed order), the report of hidden keys the same; nothing is written
+ * in lanes [nr, lanes) of the scores or past nr in m, l and alpha. */
+static void test_softmax_few(void) {
+    static const int64_t counts[] = {1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 33, 64, 65, 70};
+    enum { NK = 70, LANES = 16 };
+    const float canary = 12345.0f;
+    static float s_few[NK * LANES], s_ref[NK * LANES];
+    tu_rng rng = {77};
+    tu_impl impls[TU_MAX_IMPLS];
+    const int n_impls = tu_impls(impls);
+    for (int t = 0; t < n_impls; t++) {
+        const sdpa__ukernels *uk = impls[t].impl->uk;
+        if (!impls[t].own_uk)
+            continue;
+        if (uk->softmax_few == NULL) {
+            printf("    %-8s offers no softmax_few\n", uk->name);
+            continue;
+        }
+        if (!impls[t].runs) {
+            printf("    %-8s skipped: the CPU lacks %s\n", uk->name, impls[t].missing);
+            continue;
+        }
+        const int64_t lanes = uk->lanes, lds = lanes;
+        int bad = 0, cases = 0;
+        for (int64_t nr = 1; nr <= SDPA__FEW_ROWS; nr++)
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+                for (int state = 0; state < 3; state++) {
+                    const int64_t nk = counts[ci];
+                    float m_few[LANES], l_few[LANES], a_few[LANES];
+                    float m_ref[LANES], l_ref[LANES], a_ref[LANES];
+                    for (int64_t r = 0; r < LANES; r++) {
+                        const int carried = state == 1 && r < nr;
+                        m_ref[r] = state == 2 ? 40.0f
+                                   : carried  ? (float)(3.0 * tu_randn(&rng))
+                                              : -INFINITY;
+                        l_ref[r] = state == 0 ? 0.0f : (float)(1.0 + 100.0 * tu_uniform(&rng));
+                        a_ref[r] = 0.0f;
+                        m_few[r] = r < nr ? m_ref[r] : canary;
+                        l_few[r] = r < nr ? l_ref[r] : canary;
+                        a_few[r] = canary;
+                    }
+                    for (int64_t j = 0; j < nk; j++)
+                        for (int64_t r = 0; r < lanes; r++) {
+                            const double u = tu_uniform(&rng);
+                            float x = (float)(4.0 * tu_randn(&rng));
+                            if (u < 0.15 || (r == 1 && nr > 2)) /* row 1 of 3 or 4: all hidden */
+                                x = -INFINITY;
+                            else if (u < 0.25)
+                                x -= 150.0f; /* a weight of +0 */
+                            s_ref[j * lds + r] = r < nr ? x : 0.0f;
+                            s_few[j * lds + r] = r < nr ? x : canary;
+                        }
+                    const int hf = uk->softmax_few(nk, nr, s_few, lds, m_few, l_few, a_few);
+                    const int hr = uk->softmax(nk, lanes, s_ref, lds, m_ref, l_ref, a_ref);
+                    int ok = (hf != 0) == (hr != 0);
+                    for (int64_t r = 0; r < LANES; r++) {
+                        if (r >= nr) {
+                            ok &= m_few[r] == canary && l_few[r] == canary && a_few[r] == canary;
+                            continue;
+                        }
+                        ok &= memcmp(&m_few[r], &m_ref[r], sizeof(float)) == 0 &&
+                              memcmp(&a_few[r], &a_ref[r], sizeof(float)) == 0;
+                        ok &= fabs((double)l_few[r] - l_ref[r]) <=
+                              (double)(nk + 1) * 0x1p-24 * fabs((double)l_ref[r]);
+                    }
+                    for (int64_t j = 0; j < nk; j++)
+                        for (int64_t r = 0; r < lanes; r++)
+                            ok &= r < nr ? memcmp(&s_few[j * lds + r], &s_ref[j * lds + r],
+                                                  sizeof(float)) == 0
+                                         : s_few[j * lds + r] == canary;
+                    if (!ok)
+                        CHECK_MSG(bad++ > 0, "[%s] softmax_few nr=%lld nk=%lld state %d differs",
+                                  uk->name, (long long)nr, (long long)nk, state);
+                    cases++;
+                }
+        printf("    %-8s softmax_few: %d cases, %s\n", uk->name, cases,
+               bad ? "DIFFER" : "as softmax (l within its rounding)");
+        CHECK_INT_EQ(bad, 0);
+    }
+}
+
 /* The scores of qk_few on f32 keys (wide), or of qk_few_half on the same keys in elem (h,
  * row stride ld), into s (16 lanes a key). */
 static void few_scores(const sdpa__ukernels *uk, int elem, int64_t nk, int64_t nr, int64_t d,
@@ -683,5 +769,6 @@ static void test_bias(void) {
 int main(int argc, char **argv) {
     tu_report_impls();
     return CHECK_RUN(argc, argv, CASE(test_exp_accuracy), CASE(test_softcap_accuracy),
-                     CASE(test_convert_rows), CASE(test_few_in_place_entries), CASE(test_bias));
+                     CASE(test_convert_rows), CASE(test_few_in_place_entries),
+                     CASE(test_softmax_few), CASE(test_bias));
 }
