@@ -370,9 +370,9 @@ INLINE void qk_pair_step(int nr, int nb, const void *k, int64_t ldk, const char 
 
 /* qk_few for nr rows and a block of nb <= 4 keys, keys [j, j + nb) of a slice of nk at k0
  * (followed by the rows at next): 16 features at a time along each key row, the keys'
- * elements of type elem (the cache's: widened in registers). Unless qp is NULL (bf16 keys),
- * the first dp features, a multiple of 32, go 32 at a time through qk_pair_step, against
- * the rows qp (q's first dp features regrouped by pair_rows). */
+ * elements of type elem (the cache's: widened in registers). For bf16 keys, unless qp is
+ * NULL, the first dp features, a multiple of 32, go 32 at a time through qk_pair_step,
+ * against the rows qp (q's first dp features regrouped by pair_rows). */
 INLINE void qk_few_block(int elem, int nr, int nb, int64_t dk, const void *k0, const void *next,
                          int64_t nk, int64_t j, int64_t ldk, const float *const *q,
                          const float *const *qp, int64_t dp, float scale, float *s, int64_t lds) {
