@@ -305,34 +305,6 @@ static inline void lp_backward(const fb_tensors *t, sdpa_dtype dt, double *gq, d
 
 /* ---- checks --------------------------------------------------------------------------------- */
 
-/* Every element of t written (not `fill` in every byte) and every byte around them still
- * `fill`. */
-static inline int written_exactly(const tu_tensor *t, unsigned char fill) {
-    const size_t es = sdpa_dtype_size(t->t.dtype);
-    unsigned char *mine = calloc(t->bytes, 1);
-    const unsigned char *bytes = t->buf;
-    const size_t base_at = (size_t)((const unsigned char *)t->t.data - bytes);
-    int ok = 1;
-    for (int64_t a = 0; a < t->t.shape[0]; a++)
-        for (int64_t b = 0; b < t->t.shape[1]; b++)
-            for (int64_t c = 0; c < t->t.shape[2]; c++)
-                for (int64_t e = 0; e < t->t.shape[3]; e++) {
-                    const size_t at = base_at + (size_t)(a * t->t.stride[0] + b * t->t.stride[1] +
-                                                         c * t->t.stride[2] + e * t->t.stride[3]) *
-                                                    es;
-                    int canary = 1;
-                    for (size_t x = 0; x < es; x++) {
-                        canary &= bytes[at + x] == fill;
-                        mine[at + x] = 1;
-                    }
-                    ok &= !canary;
-                }
-    for (size_t x = 0; x < t->bytes; x++)
-        ok &= mine[x] || bytes[x] == fill;
-    free(mine);
-    return ok;
-}
-
 /* The backward into gradients filled with a canary, and whether it wrote every element and
  * nothing around them. A half-precision gradient may come out as the canary's own bits
  * (0xA5A5 is an f16 and a bf16), so a miss is confirmed with a second canary before it counts. */
@@ -346,8 +318,8 @@ static inline int backward_writes_exactly(sdpa_ctx *ctx, fb_tensors *t, sdpa_sta
         *st = backward(ctx, t);
         if (*st != SDPA_OK)
             return 0;
-        ok = written_exactly(&t->dq, fills[n]) && written_exactly(&t->dk, fills[n]) &&
-             written_exactly(&t->dv, fills[n]);
+        ok = tu_written_exactly(&t->dq, fills[n]) && tu_written_exactly(&t->dk, fills[n]) &&
+             tu_written_exactly(&t->dv, fills[n]);
     }
     return ok;
 }

@@ -160,34 +160,6 @@ static double half_tiny(sdpa_dtype dt) {
     return dt == SDPA_F32 ? 0x1p-150 : dt == SDPA_F16 ? 0x1p-25 : 0x1p-134;
 }
 
-/* Every element of t written (not the canary's bytes) and every byte around them still the
- * canary. */
-static int written_exactly(const tu_tensor *t) {
-    const size_t es = sdpa_dtype_size(t->t.dtype);
-    unsigned char *mine = calloc(t->bytes, 1);
-    const unsigned char *bytes = t->buf;
-    const size_t base_at = (size_t)((const unsigned char *)t->t.data - bytes);
-    int ok = 1;
-    for (int64_t a = 0; a < t->t.shape[0]; a++)
-        for (int64_t b = 0; b < t->t.shape[1]; b++)
-            for (int64_t c = 0; c < t->t.shape[2]; c++)
-                for (int64_t e = 0; e < t->t.shape[3]; e++) {
-                    const size_t at = base_at + (size_t)(a * t->t.stride[0] + b * t->t.stride[1] +
-                                                         c * t->t.stride[2] + e * t->t.stride[3]) *
-                                                    es;
-                    int canary = 1;
-                    for (size_t x = 0; x < es; x++) {
-                        canary &= bytes[at + x] == 0xA5;
-                        mine[at + x] = 1;
-                    }
-                    ok &= !canary;
-                }
-    for (size_t x = 0; x < t->bytes; x++)
-        ok &= mine[x] || bytes[x] == 0xA5;
-    free(mine);
-    return ok;
-}
-
 /* got against the central differences fd: |got - fd| <= 1e-6 max|fd| + the storage type's
  * rounding of got. @return 1 if within; prints the figures. */
 static int within(const char *name, const char *what, const double *got, const double *fd, size_t n,
@@ -314,7 +286,8 @@ static int run_case(const char *name, const bw_case *c) {
         tu_fill_canary(&dv);
         st = sdpa__ref_backward(ctx, &p, &dout.t, &dq.t, &dk.t, &dv.t);
         CHECK_MSG(st == SDPA_OK, "%s: backward: %s", name, sdpa_status_name(st));
-        CHECK_MSG(written_exactly(&dq) && written_exactly(&dk) && written_exactly(&dv),
+        CHECK_MSG(tu_written_exactly(&dq, 0xA5) && tu_written_exactly(&dk, 0xA5) &&
+                      tu_written_exactly(&dv, 0xA5),
                   "%s: an element left unwritten or a byte around them touched", name);
 
         /* 3. against central differences */

@@ -106,6 +106,32 @@ int tu_is_canary(const tu_tensor *t) {
     return 1;
 }
 
+int tu_written_exactly(const tu_tensor *t, unsigned char fill) {
+    const size_t es = sdpa_dtype_size(t->t.dtype);
+    unsigned char *mine = calloc(t->bytes, 1);
+    const unsigned char *bytes = t->buf;
+    const size_t base_at = (size_t)((const unsigned char *)t->t.data - bytes);
+    int ok = 1;
+    for (int64_t a = 0; a < t->t.shape[0]; a++)
+        for (int64_t b = 0; b < t->t.shape[1]; b++)
+            for (int64_t c = 0; c < t->t.shape[2]; c++)
+                for (int64_t e = 0; e < t->t.shape[3]; e++) {
+                    const size_t at = base_at + (size_t)(a * t->t.stride[0] + b * t->t.stride[1] +
+                                                         c * t->t.stride[2] + e * t->t.stride[3]) *
+                                                    es;
+                    int canary = 1;
+                    for (size_t x = 0; x < es; x++) {
+                        canary &= bytes[at + x] == fill;
+                        mine[at + x] = 1;
+                    }
+                    ok &= !canary;
+                }
+    for (size_t x = 0; x < t->bytes; x++)
+        ok &= mine[x] || bytes[x] == fill;
+    free(mine);
+    return ok;
+}
+
 void tu_copy(sdpa_tensor *dst, const sdpa_tensor *src) {
     for (int64_t b = 0; b < src->shape[0]; b++)
         for (int64_t h = 0; h < src->shape[1]; h++)

@@ -45,6 +45,9 @@ void tu_fill_randn(tu_tensor *t, tu_rng *r, double scale, double shift);
 /* Fills every byte with a canary pattern / checks that it is still there. */
 void tu_fill_canary(tu_tensor *t);
 int tu_is_canary(const tu_tensor *t);
+/* Every element of t written (not `fill` in every one of its bytes) and every byte of the
+ * buffer around them still `fill` (tu_fill_canary's is 0xA5). */
+int tu_written_exactly(const tu_tensor *t, unsigned char fill);
 
 /* Copies every element of src into dst, which has src's shape (any strides and dtypes: a
  * broadcast view is materialised, a reversed view reversed, values rounded to dst's dtype). */
