@@ -242,6 +242,23 @@ int sdpa__store_row_avx2(int elem, int64_t n, const float *src, float scale, voi
 void sdpa__load_row_avx512(int elem, int64_t n, const void *src, int64_t stride, float *dst);
 int sdpa__store_row_avx512(int elem, int64_t n, const float *src, float scale, void *dst,
                            int64_t stride);
+/* The x86 tables' entries for a decode step's few rows (decode_<isa>.c). */
+void sdpa__qk_few_avx2(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                       const float *k_next, const float *const *q_rows, float scale, float *s,
+                       int64_t lds);
+void sdpa__qk_few_half_avx2(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k,
+                            int64_t ldk, const void *k_next, const float *const *q_rows,
+                            float scale, float *s, int64_t lds);
+int sdpa__softmax_few_avx2(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                           float *alpha);
+void sdpa__qk_few_avx512(int64_t nk, int64_t nr, int64_t dk, const float *k, int64_t ldk,
+                         const float *k_next, const float *const *q_rows, float scale, float *s,
+                         int64_t lds);
+void sdpa__qk_few_half_avx512(int elem, int64_t nk, int64_t nr, int64_t dk, const void *k,
+                              int64_t ldk, const void *k_next, const float *const *q_rows,
+                              float scale, float *s, int64_t lds);
+int sdpa__softmax_few_avx512(int64_t nk, int64_t nr, float *s, int64_t lds, float *m, float *l,
+                             float *alpha);
 /* bias of the x86 tables (bias_<isa>.c): a vector of rows or of keys a step. */
 void sdpa__bias_avx2(int64_t nr, int64_t nk, const float *slope, const double *pos, double step,
                      const float *const *m, float *s, int64_t rs, int64_t js);
