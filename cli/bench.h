@@ -3,8 +3,9 @@
  * measures this CPU's FP32 FMA peak and its read bandwidth (bench_peak.c) with the ISA
  * variants of its inner loops (bench_peak_avx2.c, bench_peak_avx512.c, and the AMX unit's
  * rate in bench_peak_amx.c: compiled with their own flags and run only at or below the level of the
- * library's kernels on this machine, which the library has checked against the CPU and the OS), and
- * the shapes and results that bench.c measures and bench_report.c prints.
+ * library's kernels on this machine, which the library has checked against the CPU and the OS),
+ * the shapes and results that bench.c measures and bench_report.c prints, and the options that
+ * bench_options.c reads from the command line.
  */
 #ifndef SDPA_CLI_BENCH_H
 #define SDPA_CLI_BENCH_H
@@ -87,7 +88,7 @@ typedef enum bench_mask {
 
 /* One shape: Q and O (b, hq, lq, d) of dtype, K and V (b, hkv, lk, d) of kv_dtype,
  * contiguous (B, H, L, D). dtype and kv_dtype are SDPA_F32, SDPA_F16 or SDPA_BF16, or
- * BENCH_DTYPE_UNSET before the options have been applied (bench.c). */
+ * BENCH_DTYPE_UNSET before the options have been applied (bench_resolve_shapes). */
 typedef struct bench_shape {
     int64_t b, hq, hkv, lq, lk, d;
     bench_mask mask;
@@ -183,5 +184,37 @@ void bench_print_table(FILE *f, const bench_run *run, const bench_result *rs, in
  * peak.tile_spread: bench_peak_spread of start and end, null where not measured) and
  * peak.disturbed (either above BENCH_PEAK_SPREAD). The caller checks ferror(f). */
 void bench_write_json(FILE *f, const bench_run *run, const bench_result *rs, int n);
+
+/* ---------------------------------------------------------------------------------------- */
+/* The command line (bench_options.c reads it, bench.c runs it)                              */
+/* ---------------------------------------------------------------------------------------- */
+
+enum { BENCH_MAX_SHAPES = 64 }; /* --shape options, and the shapes of a run, at most */
+
+/* The options of `sdpa bench`, as given: the shapes' dtypes are not yet resolved. */
+typedef struct bench_options {
+    const char *preset;
+    bench_shape shapes[BENCH_MAX_SHAPES];
+    int n_shapes; /* from --shape; 0 = the preset's */
+    int n_threads;
+    const char *json;
+    int reps, warmup;
+    double min_time;
+    sdpa_isa peak_isa;   /* SDPA_ISA_AUTO: the level of the library's kernels */
+    int backward;        /* time sdpa_backward */
+    int dtype, kv_dtype; /* --dtype, --kv-dtype; BENCH_DTYPE_UNSET when not given */
+    float softcap;       /* --softcap; 0: off */
+    int alibi;           /* --alibi */
+} bench_options;
+
+/* Reads the arguments after `sdpa bench` into *o (the help text to stdout for --help, a usage
+ * error to stderr for anything wrong).
+ * @return -1 to continue, or the exit code (0 after --help, 2 on a usage error). */
+int bench_parse_options(int argc, char **argv, bench_options *o);
+
+/* Fills shapes[0..BENCH_MAX_SHAPES) with the run's shapes, their dtypes resolved (none left
+ * BENCH_DTYPE_UNSET): o's --shape ones, else those of its preset (a name that
+ * bench_parse_options accepted). @return their count. */
+int bench_resolve_shapes(const bench_options *o, bench_shape *shapes);
 
 #endif
