@@ -36,7 +36,7 @@ What it does:
   1. runs `sdpa bench --json` (the binary given by --sdpa) at the preset's shapes or the
      --shape ones. sdpa bench also measures this machine's FP32 FMA peak at its start and end.
      It runs first because its JSON is the one definition of the shapes (the presets live in
-     cli/bench.c), so the peers are timed at exactly the shapes sdpa was;
+     cli/bench_options.c), so the peers are timed at exactly the shapes sdpa was;
   2. in the peers' interpreter (a child process of this script), with the same thread count:
      - PyTorch torch.nn.functional.scaled_dot_product_attention, CPU, torch.set_num_threads(N),
        under torch.inference_mode(), Q in the shape's dtype and K, V in its kv_dtype (see
