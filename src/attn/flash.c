@@ -13,7 +13,7 @@
  * or the causal rule hide from every row of a task are never visited.
  *
  * Decode (split-KV): a problem of few tasks -- one or a few query rows per (b, kv head) --
- * also cuts its keys into chunks (plan_split), each chunk a task that leaves a partial (O, LSE),
+ * also cuts its keys into chunks (flash_plan.c), each chunk a task that leaves a partial (O, LSE),
  * merged in chunk order by a second pass (merge.h). A half-precision cache is read in place
  * by the tables' qk_few_half and pv_few there; elsewhere K and V tiles are widened, tile by
  * tile, or, where a head has several query blocks per worker, once per worker into its
@@ -33,91 +33,23 @@
  * done by the table's careful variant, which adds nothing for those -0.0 weights and is
  * otherwise bitwise the fast one, so a hidden key never lets 0 * NaN in, nor moves a bit. A
  * row that saw no key ends with l = 0 and is written as O = 0, LSE = -inf.
+ *
+ * Files: flash_plan.c makes the plan (tile sizes, tasks, split-KV chunks, widened heads:
+ * the constants named above), flash_slices.c walks a task's slices (key_slice,
+ * flash_plan.h); this file runs the tasks.
  */
 #include "flash.h"
 
 #include "../core/half.h"
-#include "../core/philox.h"
 #include "../core/services.h"
 #include "../ref/ref.h"
+#include "flash_plan.h"
 #include "merge.h"
 #include "tile.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
-
-enum { TARGET_ROWS = 128, KEY_TILE = 64, KEY_SLICE = 16 };
-/* The rows of a task whose slices a matrix unit takes: each task reads all of its head's K
- * and V (looks them over for values the unit does not read as they are, packs V's pairs), so
- * that work is shared by more rows; its arithmetic per key is a few tile instructions. */
-enum { MX_TARGET_ROWS = 256 };
-/* The keys of a tile whose slices a matrix unit takes: P V's sums over a slice's keys are
- * added to the task's accumulator O (rows x Dv f32, out of L1) once a slice, so O's traffic
- * per key halves with every doubling of the slice, while V's pairs, which P V packs for the
- * slice and reads again for every 16 rows, grow with it. MX_KEY_TILE keys where those pairs
- * take at most MX_PAIRS_BYTES (a third of a 48 KiB L1), else KEY_TILE. On an Intel Xeon with
- * AMX (bench/mx_kernels.c: 1 thread, 1024 keys, the score stride below), 128 keys took the
- * forward's three steps from 29.2 to 27.9 TSC cycles per key and 16 rows at D = 64, and from
- * 43.3 to 47.0 at D = 128, where V's pairs for 128 keys take 32 KiB. */
-enum { MX_KEY_TILE = 128, MX_PAIRS_BYTES = 16 << 10 };
-/* The most rows beyond pass 0's that a matrix unit's tile takes in its one slice (merged),
- * and the fewest keys of a half tile (the comment above key_slice). */
-enum { MX_MERGE_ROWS = 64, HALF_TILE_MIN = 64 };
-
-/* Split-KV. A problem with fewer than SPLIT_TASKS tasks of (batch, kv head, query block) -- a
- * decode step: B x Hkv tasks of one or a few rows -- cannot keep many workers busy, so each
- * task's keys are cut into chunks of at least SPLIT_MIN_KEYS keys (a multiple of the key tile),
- * until there are about SPLIT_TASKS tasks or the partial results would pass SPLIT_MAX_BYTES.
- * Each chunk's task leaves a partial (O, LSE) and a second pass merges them in chunk order
- * (merge.h). The cut depends on the problem only, never on the number of threads. */
-enum { SPLIT_TASKS = 32, SPLIT_MIN_KEYS = 512 };
-#define SPLIT_MAX_BYTES ((size_t)32 << 20)
-
-/* The head's K and V widened once per worker. Where K or V cannot be read in place (f16,
- * bf16, or a feature stride), each task widens every tile it reads, and each of a head's
- * query blocks reads them all again: 16 times over at L = 2048 with 128 rows to a block.
- * Instead each worker keeps the head it last worked on widened, a tile at a time as its tasks
- * first reach it, and its next task on that head (the pool hands a head's blocks out in
- * order, so a worker takes several in turn) reads the f32 rows from there. Widening is exact,
- * so results are the same bits whichever worker widened what, and whether or not a call uses
- * this. Used when a head has at least WIDE_MIN_BLOCKS query blocks and two per worker (so
- * that a worker meets a head more than once), and the workers' widened heads take at most
- * WIDE_MAX_BYTES in all. */
-enum { WIDE_MIN_BLOCKS = 4 };
-#define WIDE_MAX_BYTES ((size_t)32 << 20)
-
-typedef struct flash_plan {
-    const sdpa__problem *p;
-    const sdpa__ukernels *uk;
-    const sdpa__mx_kernels *mx; /* the matrix unit's entries, where they fit (else NULL) */
-    sdpa_tensor *out, *lse;
-    sdpa_tensor *weights;   /* sdpa_weights' output (weights_task), else NULL */
-    int64_t bq;             /* query positions per task */
-    int64_t n_qb;           /* query blocks per (b, hk) */
-    int64_t n_chunks;       /* key chunks per (b, hk, query block): 1 = no split */
-    int64_t key_tile;       /* keys per tile: KEY_TILE, or MX_KEY_TILE for the matrix unit */
-    int64_t chunk;          /* keys per chunk (a multiple of key_tile) when n_chunks > 1 */
-    float *part_o;          /* split: [block][row][chunk][Dv], each chunk's normalised O */
-    double *part_lse;       /* split: [block][row][chunk], each chunk's LSE (-inf: no key) */
-    int64_t rp;             /* padded row capacity: group * bq rounded up to lanes */
-    int64_t dvp;            /* row stride of the output accumulator */
-    int q_direct;           /* Q is f32 with unit feature stride: its rows are read in place */
-    int k_direct;           /* K is f32 with unit feature stride: read in place */
-    int v_direct;           /* likewise V */
-    int k_half, v_half;     /* K (V) is f16 or bf16 with unit feature stride: few-row tasks
-                             * read it in place (qk_few_half, pv_few) */
-    int wide_k, wide_v;     /* K (V) is read from the worker's widened head (WIDE_MIN_BLOCKS) */
-    int64_t n_tiles;        /* tiles of KEY_TILE keys in Lk, when wide_k or wide_v */
-    int needs_post;         /* softcap, ALiBi or a mask: every tile is post-processed */
-    int dropout;            /* the problem drops weights (philox.h) */
-    float keep_scale;       /* 1 / (1 - p): a kept weight's factor */
-    uint64_t threshold;     /* keep iff the draw is below it */
-    uint32_t key[2];        /* Philox's key from the seed and offset */
-    atomic_int *overflowed; /* set by a task whose accumulator reached +-inf (see the end) */
-    size_t per_worker;      /* bytes of scratch per worker */
-    char *scratch;
-} flash_plan;
 
 /* Where key row j of (b, hk) of t (p->k or p->v) starts, through the block table when the
  * cache is paged. */
@@ -313,17 +245,6 @@ static void drop_weights(const flash_plan *pl, int64_t b, const task_scratch *tr
     }
 }
 
-/* A task's block of query rows: what flash_task and weights_task both start from. */
-typedef struct task_rows {
-    sdpa__problem seq;      /* where p is kept when the problem is a batch of sequences */
-    const sdpa__problem *p; /* sequence b's problem (sdpa__seq) */
-    int64_t b, hk, bh, qb;
-    /* the block's positions [i0, i0 + nq_all) of the problem, of which the sequence has the
-     * first nq (fewer when its length is ragged; the rest are written as fully masked rows) */
-    int64_t i0, nq_all, nq;
-    int64_t rows, rows_all; /* group x nq, group x nq_all */
-} task_rows;
-
 /* Lays out the worker's scratch for task `task` (its block's number in the order the pool
  * hands it out) and sets up its rows: each row's head, position and window, m = -inf, l = 0,
  * and, with `pack`, Q transposed into tr->qt (else the caller packs it when a slice first
@@ -390,202 +311,11 @@ static void task_begin(const flash_plan *pl, int64_t task, int worker, int pack,
     }
 }
 
-/* The keys a task visits, one slice at a time, tile by tile (the plan's key_tile keys, fewer at
- * the ends of the task's keys), each tile in up to two passes over its rows:
- * - pass 0: the rows that see every key of the tile, as far as whole groups of lanes hold
- *   them (all rows where the window cuts none), the tile in one slice, with no window to
- *   apply;
- * - pass 1: the others (those the window cuts through, next to the causal diagonal, and
- *   those that pass 0's lanes left out), in slices of KEY_SLICE keys (twice that for a
- *   matrix unit, whose P V takes 32 keys a tile: a 16-key slice cost it as much as 32;
- *   32-key slices ran a causal bf16 forward at 0.98-1.04 times the speed of 16-key ones,
- *   faster in 4 of 5 comparisons, bench/ab.py, 1 thread, an Intel Xeon with AMX), each
- *   computed only for the rows that see some key of it (rows are sorted by position, so
- *   those are one range, or two around pass 0's), so that most of the hidden triangle is
- *   skipped while the rows past it still take the tile at once.
- * For a matrix unit, a tile whose rows beyond pass 0's are few (merge_rows, rows not positions:
- * the causal diagonal's tile at D = 128 without GQA) is instead one slice of pass 0 over every row
- * that sees some key of it, the window applied to its scores: the hidden pairs it computes cost
- * less than a pass 1's calls (two of 32 keys: their K scans, V's pairs packed again, O updated
- * twice). A causal bf16 forward ran 1.027 and 1.055 times as fast at 1,8,2048,2048,128 and
- * 1,16,1024,1024,128 (bench/ab.py --best, 1 thread, an Intel Xeon with AMX). Where a whole tile
- * cuts more rows than that (128 keys, at D = 64) but its first half does not, the tile is that half
- * (and the next tile starts after it): 1.027 and 1.046 at 1,16,2048,2048,64 and 1,16,1024,1024,64
- * causal; taking the whole 128-key tile over every row instead gave 0.97-1.10 (noise).
- * Each row meets its keys in increasing order, though slices as a whole do not (pass 1, and
- * a second range of rows, go back to keys already visited). A slice of a paged cache never
- * crosses a page. */
-typedef struct key_slice {
-    int64_t jlo, jhi; /* the keys any row of the task may see, within its chunk */
-    int64_t tile;     /* keys per tile (the plan's key_tile) */
-    int64_t len;      /* this tile's: tile, or half of it */
-    int64_t j0;       /* the tile: keys [ja, jb) of [j0, j0 + len) */
-    int64_t ja, jb;
-    int pass;       /* 0 or 1, as above */
-    int64_t wa, wb; /* pass 0's rows, lane-aligned (wb may be the task's rows, or any row where
-                       merged): empty if equal */
-    int whole;      /* every row of the slice sees every key of it: pass 0, not merged */
-    int64_t js, nk; /* the slice: keys [js, js + nk) */
-    int64_t r0, r1; /* rows [r0, r1) see a key of it (of its tile, where merged); r0 a
-                       multiple of the lanes */
-    int64_t r1pad;  /* r1 rounded up to the lanes */
-    int64_t r1use;  /* r1pad, or the task's rows if fewer */
-    int64_t more0, more1; /* pass 1: the slice's rows past pass 0's, still to come */
-    int64_t merge_rows;   /* pass 0 takes every row of the tile where this adds at most so many */
-    int merged;           /* pass 0 took every row that sees some key of the tile */
-} key_slice;
-
-static void slices_begin(const flash_plan *pl, const task_rows *t, int64_t chunk, key_slice *sl) {
-    memset(sl, 0, sizeof *sl);
-    if (t->nq > 0)
-        sdpa__block_keys(t->p, t->i0, t->i0 + t->nq, &sl->jlo, &sl->jhi);
-    if (pl->n_chunks > 1) {
-        sl->jlo = sl->jlo > chunk * pl->chunk ? sl->jlo : chunk * pl->chunk;
-        sl->jhi = sl->jhi < (chunk + 1) * pl->chunk ? sl->jhi : (chunk + 1) * pl->chunk;
-    }
-    if (sl->jlo >= sl->jhi) /* no key (a window past the keys, another chunk's keys): no tile */
-        sl->jlo = sl->jhi = 0;
-    sl->tile = pl->key_tile;
-    sl->merge_rows = pl->mx != NULL ? MX_MERGE_ROWS : 0;
-    sl->len = sl->tile;
-    sl->j0 = sl->jlo / sl->tile * sl->tile - sl->tile; /* before the first tile */
-    sl->pass = 1; /* (so that the first slices_next moves to the first tile) */
-}
-
-/* The slice's rows: [r0, r1), r0 a multiple of the lanes. */
-static void slice_rows(const task_rows *t, int lanes, int64_t r0, int64_t r1, key_slice *sl) {
-    sl->r0 = r0;
-    sl->r1 = r1;
-    sl->r1pad = sdpa__round_up(r1, lanes);
-    sl->r1use = sl->r1pad < t->rows ? sl->r1pad : t->rows;
-}
-
-/* The rows [*r0, *r1) of the task that may see some key of [j0, j1), *r0 a multiple of the
- * lanes: @return 0 where none does. */
-static int seeing_rows(const task_rows *t, int lanes, int64_t j0, int64_t j1, int64_t *r0,
-                       int64_t *r1) {
-    const sdpa__problem *p = t->p;
-    int64_t first, last;
-    sdpa__block_queries(p, j0, j1, t->i0, t->i0 + t->nq, &first, &last);
-    *r0 = (first - t->i0) * p->group / lanes * lanes;
-    *r1 = (last - t->i0) * p->group;
-    return first < last;
-}
-
-/* The tile of len keys from j0: its keys and pass 0's rows (all that see a key of it, where
- * merged). */
-static void tile_at(const task_rows *t, int lanes, int64_t len, key_slice *sl) {
-    const sdpa__problem *p = t->p;
-    sl->len = len;
-    sl->ja = sl->j0 > sl->jlo ? sl->j0 : sl->jlo;
-    sl->jb = sl->j0 + len < sl->jhi ? sl->j0 + len : sl->jhi;
-    int64_t first, last;
-    sdpa__block_queries_whole(p, sl->ja, sl->jb, t->i0, t->i0 + t->nq, &first, &last);
-    sl->wa = sl->wb = 0;
-    if (first < last) {
-        /* inward to the lanes, but for the task's last row: its padding lanes are no row's */
-        sl->wa = sdpa__round_up((first - t->i0) * p->group, lanes);
-        sl->wb = (last - t->i0) * p->group;
-        if (sl->wb < t->rows)
-            sl->wb = sl->wb / lanes * lanes;
-        if (sl->wa >= sl->wb)
-            sl->wa = sl->wb = 0;
-    }
-    sl->pass = sl->wa < sl->wb ? 0 : 1;
-    sl->merged = 0;
-    if (sl->merge_rows > 0) {
-        /* every row that sees some key of the tile, where those past pass 0's are few */
-        int64_t r0, r1;
-        if (seeing_rows(t, lanes, sl->ja, sl->jb, &r0, &r1) &&
-            (r1 - r0) - (sl->wb - sl->wa) <= sl->merge_rows && !(r0 == sl->wa && r1 == sl->wb)) {
-            sl->wa = r0;
-            sl->wb = r1;
-            sl->pass = 0;
-            sl->merged = 1;
-        }
-    }
-    sl->js = sl->ja;
-}
-
-/* Moves to the next tile: the plan's tile of keys, or its first half where only that half can
- * be merged. Only without a left window: there a task's first tile is often cut, and a half
- * tile would move every later one off the plan's grid (and across more pages). */
-static void next_tile(const task_rows *t, int lanes, key_slice *sl) {
-    sl->j0 += sl->len;
-    tile_at(t, lanes, sl->tile, sl);
-    const int64_t mid = sl->j0 + sl->tile / 2;
-    if (sl->merge_rows > 0 && !sl->merged && !(sl->wa == 0 && sl->wb == t->rows) &&
-        t->p->window_left < 0 && sl->tile >= 2 * HALF_TILE_MIN && sl->ja < mid && mid < sl->jb) {
-        const key_slice full = *sl;
-        tile_at(t, lanes, sl->tile / 2, sl);
-        if (!sl->merged)
-            *sl = full;
-    }
-}
-
 /* A row's LSE from its softmax's running max m and sum l, which the table gives times
  * 2^weight_exp2 (ukernels.h): m + log l, summed in double (one rounding, not three); -inf for
  * a row that saw nothing. */
 static double row_lse(const sdpa__ukernels *uk, float m, float l) {
     return l == 0.0f ? -INFINITY : (double)m + log(ldexp((double)l, -uk->weight_exp2));
-}
-
-/* Moves to the next slice that some row sees. @return 0 when there is none. */
-static int slices_next(const flash_plan *pl, const task_rows *t, key_slice *sl) {
-    const sdpa__problem *p = t->p;
-    const int lanes = pl->uk->lanes;
-    if (sl->more0 < sl->more1) { /* the same keys for the rows past pass 0's */
-        slice_rows(t, lanes, sl->more0, sl->more1, sl);
-        sl->more0 = sl->more1 = 0;
-        return 1;
-    }
-    for (;;) {
-        sl->js += sl->nk;
-        if (sl->js >= sl->jb) {
-            /* pass 1 follows unless pass 0 took every row (the window cuts none, or the
-             * tile was merged) */
-            if (sl->pass == 0 && !sl->merged && !(sl->wa == 0 && sl->wb == t->rows)) {
-                sl->pass = 1;
-                sl->js = sl->ja;
-            } else {
-                if (sl->j0 + sl->len >= sl->jhi)
-                    return 0;
-                next_tile(t, lanes, sl);
-            }
-        }
-        const int64_t step = sl->pass == 0 ? sl->tile : pl->mx != NULL ? 2 * KEY_SLICE : KEY_SLICE;
-        sl->nk = sl->js + step < sl->jb ? step : sl->jb - sl->js;
-        if (p->block_table != NULL) /* a slice stays within one page of the cache */
-            sl->nk = sl->nk < p->page_size - sl->js % p->page_size
-                         ? sl->nk
-                         : p->page_size - sl->js % p->page_size;
-        sl->whole = sl->pass == 0 && !sl->merged;
-        if (sl->pass == 0) {
-            slice_rows(t, lanes, sl->wa, sl->wb, sl);
-            return 1;
-        }
-        int64_t r0, r1; /* the rows that see a key of the slice */
-        if (!seeing_rows(t, lanes, sl->js, sl->js + sl->nk, &r0, &r1))
-            continue;
-        if (sl->wa == sl->wb) {
-            slice_rows(t, lanes, r0, r1, sl);
-            return 1;
-        }
-        /* without pass 0's rows: those before them, then those after (wa and wb are lanes) */
-        const int64_t a1 = r1 < sl->wa ? r1 : sl->wa, b0 = r0 > sl->wb ? r0 : sl->wb;
-        if (r0 < a1) {
-            slice_rows(t, lanes, r0, a1, sl);
-            if (b0 < r1) {
-                sl->more0 = b0;
-                sl->more1 = r1;
-            }
-            return 1;
-        }
-        if (b0 < r1) {
-            slice_rows(t, lanes, b0, r1, sl);
-            return 1;
-        }
-    }
 }
 
 static void flash_task(void *arg, int64_t task_chunk, int worker) {
@@ -612,7 +342,7 @@ static void flash_task(void *arg, int64_t task_chunk, int worker) {
 
     key_slice sl;
     int v_asked = 0; /* the previous slice's pv_few asked for this slice's V rows */
-    for (slices_begin(pl, &t, chunk, &sl); slices_next(pl, &t, &sl);) {
+    for (sdpa__flash_slices_begin(pl, &t, chunk, &sl); sdpa__flash_slices_next(pl, &t, &sl);) {
         const int64_t js = sl.js, nk = sl.nk, r0 = sl.r0, r1pad = sl.r1pad, r1use = sl.r1use;
         float *s0 = s + r0;
         /* qk_few serves f32 queries read in place (widened half-precision queries keep
@@ -850,7 +580,7 @@ static void weights_task(void *arg, int64_t task, int worker) {
 
     // pass 1: each row's max m and sum l
     key_slice sl;
-    for (slices_begin(pl, &t, 0, &sl); slices_next(pl, &t, &sl);) {
+    for (sdpa__flash_slices_begin(pl, &t, 0, &sl); sdpa__flash_slices_next(pl, &t, &sl);) {
         slice_scores(pl, &t, &sl, &tr);
         uk->softmax(sl.nk, sl.r1pad - sl.r0, tr.s + sl.r0, rp, m + sl.r0, l + sl.r0,
                     tr.alpha + sl.r0);
@@ -871,7 +601,7 @@ static void weights_task(void *arg, int64_t task, int worker) {
     // pass 2: p_ij = exp(s_ij - m_i) / l_i, each slice's rows transposed into theirs; the
     // keys a row does not reach (before, between and after the slices it is in) are +0.
     // Every weight is written once: each row meets its keys in increasing order.
-    for (slices_begin(pl, &t, 0, &sl); slices_next(pl, &t, &sl);) {
+    for (sdpa__flash_slices_begin(pl, &t, 0, &sl); sdpa__flash_slices_next(pl, &t, &sl);) {
         slice_scores(pl, &t, &sl, &tr);
         for (int64_t jj = 0; jj < sl.nk; jj++)
             memcpy(tr.sraw + jj * rp + sl.r0, tr.s + jj * rp + sl.r0,
@@ -898,29 +628,6 @@ static void weights_task(void *arg, int64_t task, int worker) {
     }
     for (int64_t r = 0; r < t.rows; r++)
         zero_weights(w, b, tr.h[r], tr.i[r], tr.written[r], p->Lk);
-}
-
-/* How many chunks the keys of each task are cut into (see SPLIT_TASKS), and how long they
- * are; from the problem only. */
-static void plan_split(flash_plan *pl) {
-    const sdpa__problem *p = pl->p;
-    const int64_t tasks = p->B * p->Hkv * pl->n_qb;
-    pl->n_chunks = 1;
-    pl->chunk = p->Lk;
-    if (tasks >= SPLIT_TASKS)
-        return;
-    int64_t n = (SPLIT_TASKS + tasks - 1) / tasks;
-    const int64_t most = p->Lk / SPLIT_MIN_KEYS;
-    n = n < most ? n : most;
-    /* each chunk holds rp x (Dv + 2) values per task */
-    const size_t per_chunk =
-        (size_t)tasks * (size_t)pl->rp * ((size_t)p->Dv * sizeof(float) + sizeof(double));
-    while (n > 1 && (size_t)n * per_chunk > SPLIT_MAX_BYTES)
-        n--;
-    if (n <= 1)
-        return;
-    pl->chunk = sdpa__round_up((p->Lk + n - 1) / n, pl->key_tile);
-    pl->n_chunks = (p->Lk + pl->chunk - 1) / pl->chunk;
 }
 
 /* The unnormalised accumulator O = sum_j p_j v_j (p_j <= 1) reaches +-inf when the weights'
@@ -950,87 +657,18 @@ static void redo_overflowed_rows(const sdpa__problem *p, sdpa_tensor *out, sdpa_
     }
 }
 
-/* Whether each of the `workers` keeps its head's K and V widened (WIDE_MIN_BLOCKS). */
-static void plan_wide(flash_plan *pl, int workers) {
-    const sdpa__problem *p = pl->p;
-    const int k = !pl->k_direct, v = !pl->v_direct;
-    if (pl->mx != NULL) /* the matrix unit reads K and V in place */
-        return;
-    if (pl->n_qb < WIDE_MIN_BLOCKS || pl->n_qb < 2 * (int64_t)workers || !(k || v))
-        return;
-    const int64_t tiles = (p->Lk + KEY_TILE - 1) / KEY_TILE;
-    const size_t bytes = (size_t)tiles * KEY_TILE * (size_t)(k * p->Dk + v * p->Dv) * sizeof(float);
-    if (bytes > WIDE_MAX_BYTES / (size_t)workers)
-        return;
-    pl->wide_k = k;
-    pl->wide_v = v;
-    pl->n_tiles = tiles;
-}
-
-int sdpa__flash_mx_fits(const sdpa__mx_kernels *mx, const sdpa__problem *p) {
-    if (mx == NULL || MX_KEY_TILE > mx->keys_max)
-        return 0;
-    const int e = mx->elem;
-    return (int)p->q.dtype == e && (int)p->k.dtype == e && (int)p->v.dtype == e &&
-           p->k.stride[3] == 1 && p->v.stride[3] == 1 && p->Dk % mx->dk_step == 0 &&
-           p->Dv % mx->dv_step == 0 && p->Dk <= mx->d_max && p->Dv <= mx->d_max;
-}
-
-/* The plan's fields that depend on the problem and the table only (not the split). */
-static void plan_init(flash_plan *pl, const sdpa__impl *self, const sdpa__problem *p) {
-    memset(pl, 0, sizeof *pl);
-    pl->p = p;
-    pl->uk = self->uk;
-    /* (the unit's blocks of rows are the vector table's vectors of rows, and its P V may read
-     * a subnormal weight as 0: the softmax must give none) */
-    pl->mx = sdpa__flash_mx_fits(self->mx, p) && self->uk->lanes == self->mx->lanes &&
-                     self->uk->weight_exp2 > 0
-                 ? self->mx
-                 : NULL;
-    const int64_t target = pl->mx != NULL ? MX_TARGET_ROWS : TARGET_ROWS;
-    pl->key_tile =
-        pl->mx != NULL && MX_KEY_TILE * p->Dv * 2 <= MX_PAIRS_BYTES ? MX_KEY_TILE : KEY_TILE;
-    pl->bq = target / p->group > 1 ? target / p->group : 1;
-    if (pl->bq > p->Lq)
-        pl->bq = p->Lq;
-    pl->n_qb = (p->Lq + pl->bq - 1) / pl->bq;
-    pl->n_chunks = 1;
-    pl->chunk = p->Lk;
-    pl->rp = sdpa__round_up(p->group * pl->bq, 16); /* a multiple of every ISA's lanes */
-    /* The scores' stride (rp floats) an odd number of cache lines for the matrix unit's tasks:
-     * at 256 rows (1 KiB) a key tile's column of scores, which the softmax reads twice and P V
-     * once more, fell into 4 of a 48 KiB L1's 64 sets. 272 took the forward's three steps from
-     * 33.8 to 30.6 TSC cycles per key and 16 rows at D = 64, 52.6 to 50.2 at D = 128
-     * (bench/mx_kernels.c, an Intel Xeon with AMX). The vector tables' layout stays as tuned. */
-    if (pl->mx != NULL && pl->rp / 16 % 2 == 0)
-        pl->rp += 16;
-    pl->dvp = sdpa__round_up(p->Dv, 16);
-    pl->q_direct = p->q.dtype == SDPA_F32 && (p->q.stride[3] == 1 || p->Dk == 1);
-    pl->k_direct = p->k.dtype == SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
-    pl->v_direct = p->v.dtype == SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
-    pl->dropout = p->dropout_p > 0.0;
-    if (pl->dropout) {
-        pl->keep_scale = (float)(1.0 / (1.0 - p->dropout_p));
-        pl->threshold = sdpa__dropout_threshold(p->dropout_p);
-        sdpa__dropout_key(p->dropout_seed, p->dropout_offset, pl->key);
-    }
-    pl->k_half = p->k.dtype != SDPA_F32 && (p->k.stride[3] == 1 || p->Dk == 1);
-    pl->v_half = p->v.dtype != SDPA_F32 && (p->v.stride[3] == 1 || p->Dv == 1);
-    pl->needs_post = p->softcap > 0.0 || p->alibi != NULL || p->has_mask;
-}
-
 sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                                 sdpa_tensor *out, sdpa_tensor *lse) {
     _Static_assert(SDPA__ELEM_F32 == (int)SDPA_F32 && SDPA__ELEM_F16 == (int)SDPA_F16 &&
                        SDPA__ELEM_BF16 == (int)SDPA_BF16,
                    "the micro-kernels' element codes are sdpa_dtype values");
     flash_plan pl;
-    plan_init(&pl, self, p);
+    sdpa__flash_plan_init(&pl, self, p);
     pl.out = out;
     pl.lse = lse;
-    plan_split(&pl);
+    sdpa__flash_plan_split(&pl);
     const int workers = sdpa__n_workers(ctx);
-    plan_wide(&pl, workers);
+    sdpa__flash_plan_wide(&pl, workers);
     atomic_int overflowed = 0;
     pl.overflowed = &overflowed;
     /* and, after the workers' regions, what redo_overflowed_rows needs: reserved now, so that
@@ -1071,7 +709,7 @@ sdpa_status sdpa__flash_forward(const sdpa__impl *self, sdpa_ctx *ctx, const sdp
 sdpa_status sdpa__flash_weights(const sdpa__impl *self, sdpa_ctx *ctx, const sdpa__problem *p,
                                 sdpa_tensor *weights) {
     flash_plan pl;
-    plan_init(&pl, self, p);
+    sdpa__flash_plan_init(&pl, self, p);
     pl.weights = weights;
     task_scratch unused;
     pl.per_worker = layout(&pl, NULL, &unused);
