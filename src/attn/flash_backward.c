@@ -43,9 +43,9 @@
  * dQ exactly as the one-pass schedule does, so that the two give the same bits and the choice
  * between them may follow the workers and the memory: a chain per chunk from +0, over the
  * chunk's whole key blocks in order, each into the rows of the block's query rows
- * (block_rows) the task holds, with pv_careful where tile_a takes it (S, P, dP and dS are
- * tile_a's own bits, laid out transposed; pv gives pv_t's bits); then the chains of the chunks
- * whose rows hold the row, added in chunk order as sum_task adds them (add_chains). The
+ * (sdpa__bwd_block_rows) the task holds, with pv_careful where tile_a takes it (S, P, dP and
+ * dS are tile_a's own bits, laid out transposed; pv gives pv_t's bits); then the chains of the
+ * chunks whose rows hold the row, added in chunk order as sum_task adds them (add_chains). The
  * one-pass schedule runs where its waves keep the workers busy at least 5/7 of the time (its
  * five products against the seven of two kinds of task spread over every worker:
  * busy_enough); where the budget's waves would not, waves of the fewest pairs with a task for
@@ -77,29 +77,20 @@
  *   key block reaches get 0), rounded once by the table's store_row. All scratch is reserved
  *   before anything is written, so the only failure, SDPA_ERR_NOMEM, leaves the outputs
  *   untouched.
+ *
+ * Files: flash_backward_plan.c chooses the schedule (chunk_count, busy_enough) and the widened
+ * rows (WIDE_MAX_BYTES); flash_backward_plan.h holds the plan, the blocks' sizes and the
+ * budgets; this file runs the tasks.
  */
 #include "flash.h"
 
 #include "../core/philox.h"
 #include "../core/services.h"
+#include "flash_backward_plan.h"
 #include "tile.h"
 
 #include <math.h>
 #include <string.h>
-
-/* Keys per block (a step of a chunk, a task of kind A, a tile of kind B); query rows per tile
- * of kind A and per task of kind B. Every scratch tile holds QUERY_BLOCK x KEY_BLOCK floats:
- * row-major in tile_a (a query row's keys along the lanes, rows one after the other), and
- * transposed in tile_b (a key's query rows along the lanes). Both are multiples of every
- * table's lanes; WIDE is the larger. (128 keys to a block measured no faster, at L = 2048 and
- * 8192.) */
-enum { QUERY_BLOCK = 64, KEY_BLOCK = 64, WIDE = KEY_BLOCK > QUERY_BLOCK ? KEY_BLOCK : QUERY_BLOCK };
-
-/* The one-pass schedule's tasks per wave: TARGET_TASKS (pairs times chunks) where the problem
- * and the budget allow, so that every worker has one at 16; more only add partials to write
- * and sum (at B=1 H=16 L=2048 D=64 on two threads, 4 chunks per pair took 10 % longer than 1
- * or 2, which measured alike). At most MAX_CHUNKS chunks per pair. */
-enum { TARGET_TASKS = 16, MAX_CHUNKS = 8 };
 
 /* Key blocks taken together by a task of the one-pass schedule (key_group). A task sweeps the
  * rows of its pair's query heads once per step: their Q, dO and dQ partial, group x Lq x
@@ -115,67 +106,6 @@ enum { TARGET_TASKS = 16, MAX_CHUNKS = 8 };
  * a time took bwd/fwd from 3.4 to 2.8; at B=1 H=16 L=32768 D=64 causal, from 3.0 to 2.2.) */
 enum { MAX_KEY_GROUP = 4 };
 #define SWEEP_IN_CACHE (2.0 * 1024 * 1024)
-
-/* The most bytes of dQ partials held at once (sdpa__flash_backward), and the budget that sets
- * the chunks per pair (chunk_count). Where a wave of two tasks passes it (long sequences with
- * large query groups), the chunks are 2 for a single pair of several key blocks, else 1, and
- * the budget may grow to GROWN_BUDGET for waves with a task for every worker that keep them
- * busy enough (busy_enough), where the one-pass schedule's five products beat the seven of
- * two kinds of task (B=1 Hq=8 Hkv=1 L=8192 D=128 and Hq=4 Hkv=1 L=16384 on 2 threads:
- * 1.34-1.41x, docs/benchmarks.md, 2026-11-28, 01:08 UTC); elsewhere two kinds, which give the
- * same bits. */
-#define DQ_BUDGET ((size_t)32 << 20)
-#define GROWN_BUDGET ((size_t)1 << 30)
-
-/* A task's query rows widened once. Where Q or dO cannot be read in place (f16, bf16, or a
- * feature stride), tile_a would widen a tile's rows for every key block it meets them with:
- * a chunk of n steps widens each of its rows n times. Instead a task of the one-pass schedule
- * keeps its chunk's rows of Q and dO (every query head of the group, whole query blocks)
- * widened to f32 in its worker's scratch, a query block at a time, the first time one of its
- * tiles reads it. Widening is exact, so the gradients are the same bits with or without it.
- * Used when some chunk takes at least two steps and the workers' rows take at most
- * WIDE_MAX_BYTES in all; if the allocator refuses them, the call runs without. (B=1 L=2048,
- * 2 threads on an Intel Xeon with AVX-512: the f16 backward 2.4 % faster at H=16 D=64 and
- * 1.8 % at H=8 D=128, bf16 6 % at D=64; with 8 query heads to a kv head, where a step takes
- * 4 key blocks, alike.) */
-#define WIDE_MAX_BYTES ((size_t)32 << 20)
-
-typedef struct bwd_plan {
-    const sdpa__problem *p;
-    const sdpa__ukernels *uk;
-    const sdpa_tensor *out, *lse, *dout;
-    sdpa_tensor *dq, *dk, *dv;
-    float *delta;        /* (B, Hq, Lq): Delta_i */
-    int64_t n_kb, n_qb;  /* key blocks, query blocks */
-    int64_t n_a;         /* tasks of kind A; those of kind B follow */
-    int64_t dkp, dvp;    /* row strides of the dK/dQ and dV accumulators */
-    int key_group;       /* key blocks per step of a chunk (MAX_KEY_GROUP) */
-    int q_direct;        /* Q is f32 with unit feature stride: its rows are read in place */
-    int k_direct;        /* likewise K */
-    int v_direct;        /* likewise V */
-    int do_direct;       /* likewise dout */
-    int wide;            /* tasks keep their rows of Q and dO widened (WIDE_MAX_BYTES) */
-    int64_t wide_blocks; /* then: query blocks of the widest chunk's rows, per query head */
-    int needs_post;      /* softcap, ALiBi or a mask: every tile is post-processed */
-    int dropout;         /* the problem drops weights */
-    float keep_scale;    /* 1 / (1 - p) */
-    uint64_t threshold;  /* keep iff draw < threshold */
-    uint32_t key[2];     /* the Philox key of (seed, offset) */
-    /* The one-pass schedule (fused; else kinds A and B). Chunk c of a pair holds its key
-     * blocks [chunk_kb[c], chunk_kb[c + 1]), which the query rows [chunk_lo[c], chunk_hi[c])
-     * see (empty: lo = hi); its partial, rows (g, i) of the group's heads g, lies at chunk_at[c]
-     * floats into the pair's, row (g, i) at (g (hi - lo) + i - lo) dkp. */
-    int fused;
-    int n_chunks;
-    int64_t chunk_kb[MAX_CHUNKS + 1];
-    int64_t chunk_lo[MAX_CHUNKS], chunk_hi[MAX_CHUNKS];
-    int64_t chunk_at[MAX_CHUNKS + 1];
-    int64_t wave_pairs; /* pairs per wave */
-    int64_t wave0;      /* the running wave's first pair */
-    float *part;        /* its partials: wave_pairs x chunk_at[n_chunks] floats */
-    size_t per_worker;  /* bytes of scratch per worker */
-    char *scratch;
-} bwd_plan;
 
 /* One worker's scratch. Kind A and kind B use the same regions for their own purposes. */
 typedef struct bwd_scratch {
@@ -484,13 +414,6 @@ static void tile_a(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, in
         uk->pv(nk, nq, p->Dk, ws->dst, QUERY_BLOCK, ws->ones, kt->k, kt->ldk, dq, pl->dkp);
 }
 
-/* The query rows [*first, *last) that see some key of block kb (empty when first >= last). */
-static void block_rows(const bwd_plan *pl, int64_t kb, int64_t *first, int64_t *last) {
-    const sdpa__problem *p = pl->p;
-    const int64_t j0 = kb * KEY_BLOCK, j1 = j0 + KEY_BLOCK < p->Lk ? j0 + KEY_BLOCK : p->Lk;
-    sdpa__block_queries(p, j0, j1, 0, p->Lq, first, last);
-}
-
 /* Key blocks [kb0, kb1) of (b, kv head hk), at most key_group of them: for every query head of
  * the group in order, and every block of queries that sees some of their keys in order, tile_a
  * for each block that those queries see, in order; then dK and dV of each block stored once
@@ -515,7 +438,7 @@ static void key_blocks(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h
         t->acc_v = ws->acc_v + x * KEY_BLOCK * pl->dvp;
         memset(t->acc_k, 0, (size_t)(t->nk * pl->dkp) * sizeof(float));
         memset(t->acc_v, 0, (size_t)(t->nk * pl->dvp) * sizeof(float));
-        block_rows(pl, kb0 + x, &first[x], &last[x]);
+        sdpa__bwd_block_rows(pl, kb0 + x, &first[x], &last[x]);
         if (first[x] >= last[x])
             continue;
         int64_t ld;
@@ -634,8 +557,8 @@ static int any_hidden(const float *w, int64_t ld, int64_t nk, int64_t nr) {
 
 /* Kind B, one tile: the task's query rows (Q^T in ws->pk, dO^T in ws->pv, their LSE and Delta
  * in ws->u and ws->dl) against key block kb of kv head hk, into the chunk's dQ (ws->acc_k) of
- * the rows r0 .. r0 + nr - 1 that see the block (block_rows): the rows, products and choice of
- * pv_careful of tile_a's tile of those rows. Transposed tiles: entry (jj, r) at
+ * the rows r0 .. r0 + nr - 1 that see the block (sdpa__bwd_block_rows): the rows, products and
+ * choice of pv_careful of tile_a's tile of those rows. Transposed tiles: entry (jj, r) at
  * jj * QUERY_BLOCK + r, rows padded to rpad lanes. */
 static void tile_b(const bwd_plan *pl, bwd_scratch *ws, int64_t b, int64_t h, int64_t i0,
                    int64_t nq, int64_t kb, int64_t r0, int64_t nr) {
@@ -707,7 +630,7 @@ static void task_b(const bwd_plan *pl, int64_t task, int worker) {
             continue;
         for (int64_t kb = pl->chunk_kb[c]; kb < pl->chunk_kb[c + 1]; kb++) {
             int64_t first, last;
-            block_rows(pl, kb, &first, &last);
+            sdpa__bwd_block_rows(pl, kb, &first, &last);
             const int64_t r0 = first > i0 ? first : i0, r1 = last < i0 + nq ? last : i0 + nq;
             if (r0 < r1)
                 tile_b(pl, &ws, b, h, i0, nq, kb, r0 - i0, r1 - r0);
@@ -766,147 +689,6 @@ static void delta_task(void *arg, int64_t task, int worker) {
     }
 }
 
-/* Splits a pair's key blocks into n chunks of about equal work (a block's work: the query rows
- * that see it, times the group; chunk c starts at the first block before which the work done
- * reaches c/n of the total) and finds each chunk's rows. @return the bytes of one pair's
- * partials, as a double: the offsets (chunk_at) are set only when they fit an int64_t. */
-static double plan_chunks(bwd_plan *pl, int n) {
-    const sdpa__problem *p = pl->p;
-    int64_t total = 0, first, last;
-    for (int64_t kb = 0; kb < pl->n_kb; kb++) {
-        block_rows(pl, kb, &first, &last);
-        total += last > first ? last - first : 0;
-    }
-    int64_t done = 0; /* <= n_kb Lq < 2^56, and n <= 8 */
-    int c = 1;
-    pl->chunk_kb[0] = 0;
-    for (int64_t kb = 0; kb < pl->n_kb; kb++) {
-        while (c < n && done * n >= c * total)
-            pl->chunk_kb[c++] = kb;
-        block_rows(pl, kb, &first, &last);
-        done += last > first ? last - first : 0;
-    }
-    while (c <= n)
-        pl->chunk_kb[c++] = pl->n_kb;
-    int64_t all_rows = 0;
-    for (c = 0; c < n; c++) {
-        int64_t lo = p->Lq, hi = 0;
-        for (int64_t kb = pl->chunk_kb[c]; kb < pl->chunk_kb[c + 1]; kb++) {
-            block_rows(pl, kb, &first, &last);
-            if (first < last) {
-                lo = first < lo ? first : lo;
-                hi = last > hi ? last : hi;
-            }
-        }
-        pl->chunk_lo[c] = lo < hi ? lo : 0;
-        pl->chunk_hi[c] = lo < hi ? hi : 0;
-        all_rows += pl->chunk_hi[c] - pl->chunk_lo[c];
-    }
-    pl->n_chunks = n;
-    const double bytes = (double)p->group * (double)all_rows * (double)pl->dkp * sizeof(float);
-    if (bytes <= 0x1p62) {
-        pl->chunk_at[0] = 0;
-        for (c = 0; c < n; c++)
-            pl->chunk_at[c + 1] =
-                pl->chunk_at[c] + p->group * (pl->chunk_hi[c] - pl->chunk_lo[c]) * pl->dkp;
-    }
-    return bytes;
-}
-
-/* The pairs a wave of the one-pass schedule holds with n chunks of `bytes` each pair, within
- * `budget`: up to TARGET_TASKS tasks; 0 where no wave of two tasks fits (unless the problem
- * has but one task). */
-static int64_t wave_pairs(const bwd_plan *pl, int n, double bytes, size_t budget) {
-    const int64_t pairs = pl->p->B * pl->p->Hkv, enough = (TARGET_TASKS + n - 1) / n;
-    const int64_t most = enough < pairs ? enough : pairs;
-    const double fit = bytes > 0.0 ? floor((double)budget / bytes) : (double)pairs;
-    const int64_t wave = fit >= (double)most ? most : (int64_t)fit;
-    return wave >= 1 && (wave * n >= 2 || pairs * pl->n_kb < 2) ? wave : 0;
-}
-
-/* The chunks of a pair, from the problem alone: as many as TARGET_TASKS asks (at most
- * MAX_CHUNKS and the key blocks), or the most for which a wave of two tasks fits DQ_BUDGET;
- * where none does, 1 (several pairs, or one pair of one key block) or 2 (one pair, which then
- * takes two tasks). plan_schedule then plans them. */
-static int chunk_count(bwd_plan *pl) {
-    const int64_t pairs = pl->p->B * pl->p->Hkv;
-    int64_t most = (TARGET_TASKS + pairs - 1) / pairs;
-    most = most < MAX_CHUNKS ? most : MAX_CHUNKS;
-    most = most < pl->n_kb ? most : pl->n_kb;
-    for (int n = (int)most; n >= 1; n--)
-        if (wave_pairs(pl, n, plan_chunks(pl, n), DQ_BUDGET) >= 1)
-            return n;
-    return pairs >= 2 || most < 2 ? 1 : 2;
-}
-
-/* Whether the one-pass schedule's waves of `wave` pairs, n tasks a pair, keep `workers` busy
- * at least 5/7 of the time: the rounds of `workers` tasks they take (the last wave may hold
- * fewer pairs), in which its five products take no longer than the seven of two kinds of task
- * spread over every worker. (Tasks of a pair are of equal work, causal ones too.) */
-static int busy_enough(int64_t pairs, int n, int64_t wave, int workers) {
-    const int64_t rest = pairs % wave, per_wave = (wave * n + workers - 1) / workers;
-    const int64_t rounds = pairs / wave * per_wave + (rest * n + workers - 1) / workers;
-    return 7 * pairs * n >= 5 * rounds * workers;
-}
-
-/* Chooses the schedule for `workers`: the one-pass one with the problem's chunks (or the
- * forced ones) in waves that fit the budget and, with `adapt`, keep the workers busy enough;
- * else, with `adapt`, in waves of the fewest pairs whose tasks are at least the workers
- * (fewer pairs than the budget's waves, or more: the budget grows), if the pairs are that
- * many, their partials take at most GROWN_BUDGET (or the budget, if larger) and the waves
- * keep the workers busy enough; else kinds A and B. Both give the same bits, so the choice may
- * follow the workers and the budget; the chunks may not. */
-static void plan_schedule(bwd_plan *pl, const sdpa__bwd_tuning *tuning, int workers) {
-    const int64_t pairs = pl->p->B * pl->p->Hkv;
-    int n = tuning->chunks;
-    if (n >= 1) {
-        n = n < MAX_CHUNKS ? n : MAX_CHUNKS;
-        n = n < pl->n_kb ? n : (int)pl->n_kb;
-    } else {
-        n = chunk_count(pl);
-    }
-    const double bytes = plan_chunks(pl, n);
-    pl->fused = 1;
-    pl->wave_pairs = wave_pairs(pl, n, bytes, tuning->dq_budget);
-    if (pl->wave_pairs >= 1 && (!tuning->adapt || busy_enough(pairs, n, pl->wave_pairs, workers)))
-        return;
-    const int64_t need = (workers + n - 1) / n; /* pairs for a task for every worker */
-    const size_t most = tuning->dq_budget > GROWN_BUDGET ? tuning->dq_budget : GROWN_BUDGET;
-    if (tuning->adapt && need <= pairs && (double)need * bytes <= (double)most &&
-        busy_enough(pairs, n, need, workers)) {
-        pl->wave_pairs = need;
-        return;
-    }
-    pl->fused = 0;
-}
-
-/* Whether the tasks keep their rows of Q and dO widened (WIDE_MAX_BYTES), for `workers`:
- * `want` 0 chooses by the rule, > 0 takes them wherever the one-pass schedule widens Q or dO,
- * < 0 never. */
-static void plan_wide(bwd_plan *pl, int workers, int want) {
-    const sdpa__problem *p = pl->p;
-    pl->wide = 0;
-    pl->wide_blocks = 0;
-    if (!pl->fused || (pl->q_direct && pl->do_direct) || want < 0)
-        return;
-    int64_t blocks = 0, steps = 0;
-    for (int c = 0; c < pl->n_chunks; c++) {
-        const int64_t lo = pl->chunk_lo[c], hi = pl->chunk_hi[c];
-        const int64_t span = lo < hi ? (hi + QUERY_BLOCK - 1) / QUERY_BLOCK - lo / QUERY_BLOCK : 0;
-        const int64_t n =
-            (pl->chunk_kb[c + 1] - pl->chunk_kb[c] + pl->key_group - 1) / pl->key_group;
-        blocks = span > blocks ? span : blocks;
-        steps = n > steps ? n : steps;
-    }
-    const double floats = (double)(pl->q_direct ? 0 : p->Dk) + (double)(pl->do_direct ? 0 : p->Dv);
-    const double bytes =
-        (double)workers * (double)p->group * (double)blocks * QUERY_BLOCK * floats * sizeof(float);
-    if (blocks == 0 || (want == 0 && (steps < 2 || bytes > (double)WIDE_MAX_BYTES)))
-        return;
-    pl->wide = 1;
-    pl->wide_blocks = blocks;
-}
-
 sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,
                                        const sdpa__problem *p, const sdpa_tensor *out,
                                        const sdpa_tensor *lse, const sdpa_tensor *dout,
@@ -947,9 +729,9 @@ sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,
         sdpa__dropout_key(p->dropout_seed, p->dropout_offset, pl.key);
     }
     const int workers = sdpa__n_workers(ctx);
-    plan_schedule(&pl, tuning, workers);
+    sdpa__bwd_plan_schedule(&pl, tuning, workers);
     const int64_t pairs = p->B * p->Hkv;
-    plan_wide(&pl, workers, tuning->wide);
+    sdpa__bwd_plan_wide(&pl, workers, tuning->wide);
 
     /* Delta's B Hq Lq floats first, then a wave's partials (at most dq_budget bytes, or
      * GROWN_BUDGET where the budget grew), then the workers' regions: all reserved before
@@ -974,7 +756,7 @@ sdpa_status sdpa__flash_backward_tuned(const sdpa__impl *self, sdpa_ctx *ctx,
         if (mem != NULL || (!pl.wide && !pl.fused))
             break;
         if (pl.wide)
-            plan_wide(&pl, workers, -1);
+            sdpa__bwd_plan_wide(&pl, workers, -1);
         else
             pl.fused = 0;
     }
