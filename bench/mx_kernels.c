@@ -5,13 +5,12 @@
  * them), and P V (mx->pv), for a task of 256 rows, as
  * flash.c calls them for one query head of an unmasked problem: slices of 128 keys where D <=
  * 64, else 64, and the scores' stride 272 rows (MX_KEY_TILE and the padded stride of
- * flash.c's plan_init; the packed Q rows take the same stride, as there: before 2026-11-29
- * they took 256, which put each feature pair's rows 1 KiB apart, into a few L1 sets, and made
- * pack_q look six times slower than it ran in the library), unless the last two arguments say
- * otherwise (64 and 256 are what
- * flash.c did before 2026-11-28, 13:30 UTC, and all an older library takes). What each step costs
- * alone says what bounds the whole (x86 only: it counts TSC cycles; the TSC rate is
- * /proc/cpuinfo's "cpu MHz" on most Linux guests).
+ * sdpa__flash_plan_init in flash_plan.c; the packed Q rows take the same stride, as there:
+ * before 2026-11-29 they took 256, which put each feature pair's rows 1 KiB apart, into a few
+ * L1 sets, and made pack_q look six times slower than it ran in the library), unless the last
+ * two arguments say otherwise (64 and 256 are what flash.c did before 2026-11-28, 13:30 UTC,
+ * and all an older library takes). What each step costs alone says what bounds the whole (x86
+ * only: it counts TSC cycles; the TSC rate is /proc/cpuinfo's "cpu MHz" on most Linux guests).
  *
  *     cc -O2 -Iinclude bench/mx_kernels.c build/libsdpa.a -lm -lpthread -o /tmp/mk
  *     /tmp/mk [keys 1024] [reps 200] [D 128] [slice keys] [score stride]

@@ -1,5 +1,5 @@
 /*
- * test_backward_schedules.c — the tiled backward's schedules (src/attn/flash_backward.c),
+ * test_backward_schedules.c — the tiled backward's schedules (src/attn/flash_backward_plan.c),
  * reached through its internal tuning hook (sdpa__flash_backward_tuned), at every ISA level the
  * CPU has: bitwise identical results for 1 to 16 threads and on repeated calls; the one-pass
  * schedule in several waves (bitwise the one-wave result), with forced chunk counts, and with
@@ -306,7 +306,7 @@ static int takes_widened_rows(const tu_impl *impl, int64_t lk, int workers) {
 }
 
 /* The one-pass schedule's tasks keep their rows of Q and dO widened where those cannot be read
- * in place (flash_backward.c, WIDE_MAX_BYTES): the gradients are bitwise those without, for 1
+ * in place (flash_backward_plan.c, WIDE_MAX_BYTES): the gradients are bitwise those without, for 1
  * to 16 threads, and by the gradient rule. Variants: 0, f16 with GQA (3 heads a group), causal
  * bottom-right with Lq < Lk (tiles starting inside a query block, chunks of different rows);
  * 1, bf16 with a window, mask, ALiBi, softcap, dropout and two key blocks to a step; 2, f32 q

@@ -314,7 +314,7 @@ static void test_hidden_keys_few_rows(void) {
 /* The unnormalised accumulator may pass FLT_MAX where the output does not: V = 1e35 over 4096
  * keys with equal scores (exact output 1e35), V = +-3e38 over 3 keys (exact +-3e38). Every
  * level gives the exact output, finite, and the right LSE; a head with ordinary values
- * beside them is untouched. At Lk = 4096 the problem is small enough to be split (flash.c,
+ * beside them is untouched. At Lk = 4096 the problem is small enough to be split (flash_plan.c,
  * split-KV): chunks of 512 keys stay below FLT_MAX, so no row is redone exactly, and the
  * output is what f32 accumulation gives (within 512 roundings: 512 x 2^-24). */
 static void test_accumulator_overflow(void) {
@@ -500,7 +500,7 @@ static sdpa_tensor rows_view(const sdpa_tensor *t, int64_t i0, int64_t n) {
 
 /* K and V that cannot be read in place (f16, bf16, f32 with a feature stride of 2) are read
  * from each worker's widened head once a head has 4 query blocks or more, two per worker
- * (flash.c, WIDE_MIN_BLOCKS): the outputs are bitwise those of each query block computed alone
+ * (flash_plan.c, WIDE_MIN_BLOCKS): the outputs are bitwise those of each query block computed alone
  * (one block: its tiles widened as it reads them), for 1 and 2 threads, unmasked, causal
  * bottom-right, and causal with a left window and softcap. A block alone is the block's rows
  * of q with the keys its rows may see, [0, Lk - Lq + i1) under bottom-right alignment, so

@@ -638,7 +638,7 @@ static void test_chunked_prefill(void) {
     }
 }
 
-/* The case with 1 and 2 threads (each worker's widened head, flash.c WIDE_MIN_BLOCKS) bitwise
+/* The case with 1 and 2 threads (each worker's widened head, flash_plan.c WIDE_MIN_BLOCKS) bitwise
  * with 32 threads (too few query blocks a worker for it: tiles widened as read), at every
  * level, whatever the cores. */
 static int widened_bitwise(const kv_case *c) {
@@ -677,7 +677,7 @@ static int widened_bitwise(const kv_case *c) {
 
 /* Chunked prefill long enough that each kv head has 4 or more query blocks (ratio 8: 16
  * positions a block: 13 blocks, two per worker up to 6 workers), so that the half-precision
- * cache is read from each worker's widened head (flash.c, WIDE_MIN_BLOCKS): through the block
+ * cache is read from each worker's widened head (flash_plan.c, WIDE_MIN_BLOCKS): through the block
  * table with pages 16 and 64, and the plain layout with ragged lengths, in both alignments;
  * against the reference, and bitwise the tiles widened as read. One kv head, so that a
  * worker's next head is another sequence's. */

@@ -286,7 +286,7 @@ sdpa_tensor *fz_arg_out(fz_tensor *f) {
 }
 
 int fz_lp_dtype(const fz_case *c) {
-    /* the problems sdpa__flash_mx_fits gives the AMX table (src/attn/flash.c), but for the
+    /* the problems sdpa__flash_mx_fits gives the AMX table (src/attn/flash_plan.c), but for the
      * feature strides: a paged cache's pools have unit strides where the case's K and V may
      * not (there the baseline is looser than it need be) */
     if (c->isa >= SDPA_ISA_AMX && c->q.t.dtype == SDPA_BF16 && c->k.t.dtype == SDPA_BF16 &&
