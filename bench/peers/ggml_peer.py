@@ -161,7 +161,7 @@ def check(np, out, q, k, v, vis, kv_f16):
 
 def measure(ggml, np, q, k, v, vis, n_threads, threadpool, timer):
     """The figures of one shape: {"ggml": ..., "ggml_f16": ...}, each the dict of timer(fn)
-    (run_peers.py's time_calls and summary) plus the check's "max_rel_err", or {"failed":
+    (peers_worker.py's time_calls and summary) plus the check's "max_rel_err", or {"failed":
     reason} when the error passes TOLERANCE (TOLERANCE_F16 for f16 K/V) or ggml raises."""
     row = {}
     for name, kv_f16 in (("ggml", False), ("ggml_f16", True)):
