@@ -288,7 +288,6 @@ static int parse_shape(const char *spec, bench_shape *s) {
     return 0;
 }
 
-/* @return -1 to continue, or the exit code (0 after --help, 2 on a usage error). */
 int bench_parse_options(int argc, char **argv, bench_options *o) {
     memset(o, 0, sizeof *o);
     o->preset = "quick";

@@ -140,11 +140,12 @@ static inline sdpa_status backward(sdpa_ctx *ctx, fb_tensors *t) {
  * say so), nor for a table without a backward of its own (flash-amx: a context capped at its
  * level runs flash-avx512's backward, on the same micro-kernels, so it would only repeat that
  * table; tu_report_impls says so). Under ThreadSanitizer (which runs the determinism cases) only
- * the last table that would run: nothing the tasks share depends on the table (flash_backward.c's
- * chunks, waves, budget and partials, whose rows are padded to 16 floats, come from the problem,
- * the tuning and the workers; a table's lanes shape only a worker's own scratch), so a race
- * among them shows with any, and the generic table's scalar loops took about ten times a
- * vector table's time there (most of the 446 s the four tables took in CI). */
+ * the last table that would run: nothing the tasks share depends on the table
+ * (flash_backward_plan.c's chunks, waves and budget, flash_backward.c's partials, whose rows are
+ * padded to 16 floats, come from the problem, the tuning and the workers; a table's lanes shape
+ * only a worker's own scratch), so a race among them shows with any, and the generic table's scalar
+ * loops took about ten times a vector table's time there (most of the 446 s the four tables took in
+ * CI). */
 static inline int runs_backward(const tu_impl *impls, int n_impls, int n) {
     if (!impls[n].runs || !impls[n].backward)
         return 0;

@@ -1,6 +1,7 @@
 /*
  * test_backward_schedules.c — the tiled backward's schedules (src/attn/flash_backward_plan.c),
- * reached through its internal tuning hook (sdpa__flash_backward_tuned), at every ISA level the
+ * reached through the driver's internal tuning hook (sdpa__flash_backward_tuned in
+ * flash_backward.c), at every ISA level the
  * CPU has: bitwise identical results for 1 to 16 threads and on repeated calls; the one-pass
  * schedule in several waves (bitwise the one-wave result), with forced chunk counts, and with
  * several key blocks to a step (bitwise one at a time), and the two kinds of task it falls back

@@ -575,11 +575,11 @@ static void test_nan_policy(void) {
     tu_free(&a);
 }
 
-/* Split-KV (flash.c): a problem of fewer than 32 (batch, kv head, query block) tasks -- a
- * decode step -- cuts its keys into chunks of at least 512 and merges the chunks' partial
- * results. Key counts around the chunk sizes, GQA ratios 1, 4 and 8, f16 and bf16 caches
- * under f32 queries, and the features that leave a chunk without a visible key for some rows:
- * a mask with holes and whole heads hidden, bottom-right causal and windows with a few query
+/* Split-KV (planned in flash_plan.c, merged in flash.c): a problem of fewer than 32 (batch, kv
+ * head, query block) tasks -- a decode step -- cuts its keys into chunks of at least 512 and merges
+ * the chunks' partial results. Key counts around the chunk sizes, GQA ratios 1, 4 and 8, f16 and
+ * bf16 caches under f32 queries, and the features that leave a chunk without a visible key for some
+ * rows: a mask with holes and whole heads hidden, bottom-right causal and windows with a few query
  * rows, ALiBi and softcap. */
 static void test_split_kv(void) {
     static const int64_t keys[] = {1023, 1024, 1025, 2047, 2049, 4097};

@@ -26,7 +26,7 @@ typedef struct flash_plan {
     int64_t bq;             /* query positions per task */
     int64_t n_qb;           /* query blocks per (b, hk) */
     int64_t n_chunks;       /* key chunks per (b, hk, query block): 1 = no split */
-    int64_t key_tile;       /* keys per tile: KEY_TILE, or MX_KEY_TILE for the matrix unit */
+    int64_t key_tile;       /* keys per tile: KEY_TILE, or the matrix unit's MX_KEY_TILE */
     int64_t chunk;          /* keys per chunk (a multiple of key_tile) when n_chunks > 1 */
     float *part_o;          /* split: [block][row][chunk][Dv], each chunk's normalised O */
     double *part_lse;       /* split: [block][row][chunk], each chunk's LSE (-inf: no key) */
@@ -37,7 +37,7 @@ typedef struct flash_plan {
     int v_direct;           /* likewise V */
     int k_half, v_half;     /* K (V) is f16 or bf16 with unit feature stride: few-row tasks
                              * read it in place (qk_few_half, pv_few) */
-    int wide_k, wide_v;     /* K (V) is read from the worker's widened head (WIDE_MIN_BLOCKS) */
+    int wide_k, wide_v;     /* K (V) is read from the worker's widened head (flash_plan.c) */
     int64_t n_tiles;        /* tiles of KEY_TILE keys in Lk, when wide_k or wide_v */
     int needs_post;         /* softcap, ALiBi or a mask: every tile is post-processed */
     int dropout;            /* the problem drops weights (philox.h) */
@@ -52,11 +52,12 @@ typedef struct flash_plan {
 /* The plan's fields that depend on the problem and the table only (not the split). */
 void sdpa__flash_plan_init(flash_plan *pl, const sdpa__impl *self, const sdpa__problem *p);
 
-/* How many chunks the keys of each task are cut into (see SPLIT_TASKS), and how long they
- * are; from the problem only. */
+/* How many chunks the keys of each task are cut into (see SPLIT_TASKS in flash_plan.c), and how
+ * long they are; from the problem only. */
 void sdpa__flash_plan_split(flash_plan *pl);
 
-/* Whether each of the `workers` keeps its head's K and V widened (WIDE_MIN_BLOCKS). */
+/* Whether each of the `workers` keeps its head's K and V widened (flash_plan.c's
+ * WIDE_MIN_BLOCKS). */
 void sdpa__flash_plan_wide(flash_plan *pl, int workers);
 
 /* A task's block of query rows: what flash_task and weights_task both start from. */

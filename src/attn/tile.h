@@ -1,5 +1,6 @@
 /*
- * tile.h — what the tiled drivers (flash.c, the forward; flash_backward.c, the backward) share:
+ * tile.h — what the tiled drivers' files (flash*.c, the forward; flash_backward*.c, the backward)
+ * share:
  * where a row of a tensor lives, whether a tile holds a NaN or an Inf, and the one statement
  * in f32 of how a score is formed from its scaled product. The backward recomputes the
  * forward's weights from its log-sum-exp, so both must form every score by the same

@@ -1,9 +1,9 @@
 /*
  * decode_avx2.c — the AVX2 table's entries for a decode step's few query rows (ukernels.h:
- * qk_few, qk_few_half, softmax_few): the rows' scores against keys read in place from the cache,
- * f32 or widened from f16 or bf16 in registers, a block of keys at a time, and their online
- * softmax with two keys of (up to) four rows in each vector. Compiled with the table's AVX2, FMA
- * and F16C flags for this file only; the table itself is in ukernels_avx2.c.
+ * qk_few, qk_few_half, softmax_few; pv_few is ukernels_avx2.c's): the rows' scores against keys
+ * read in place from the cache, f32 or widened from f16 or bf16 in registers, a block of keys at a
+ * time, and their online softmax with two keys of (up to) four rows in each vector. Compiled with
+ * the table's AVX2, FMA and F16C flags for this file only; the table itself is in ukernels_avx2.c.
  */
 #include "simd_avx2.h"
 

@@ -11,8 +11,9 @@
  * stay in registers, and the remainders run as one block of the remaining size (a key at a
  * time would leave the FMA units waiting on latency).
  *
- * The entries for a decode step's few rows (qk_few, qk_few_half, softmax_few) are in
- * decode_avx2.c; the exp and the widening both files use, in simd_avx2.h.
+ * A decode step's scores and softmax for its few rows (qk_few, qk_few_half, softmax_few) are
+ * in decode_avx2.c (its P V, pv_few, is this file's pv_all); the exp and the widening both files
+ * use, in simd_avx2.h.
  */
 #include "simd_avx2.h"
 

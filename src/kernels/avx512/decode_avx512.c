@@ -1,9 +1,9 @@
 /*
  * decode_avx512.c — the AVX-512 table's entries for a decode step's few query rows (ukernels.h:
- * qk_few, qk_few_half, softmax_few): the rows' scores against keys read in place from the cache,
- * f32 or widened from f16 or bf16 in registers, a block of four keys at a time, and their
- * online softmax with four keys of (up to) four rows in each vector. Compiled with the table's
- * AVX-512 flags for this file only; the table itself is in ukernels_avx512.c.
+ * qk_few, qk_few_half, softmax_few; pv_few is ukernels_avx512.c's): the rows' scores against keys
+ * read in place from the cache, f32 or widened from f16 or bf16 in registers, a block of four keys
+ * at a time, and their online softmax with four keys of (up to) four rows in each vector. Compiled
+ * with the table's AVX-512 flags for this file only; the table itself is in ukernels_avx512.c.
  */
 #include "simd_avx512.h"
 

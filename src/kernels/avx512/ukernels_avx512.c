@@ -7,8 +7,9 @@
  * mr x nv <= 24 accumulators of the 32 zmm registers. The block functions are always inlined
  * with constant mr and nv, so the compiler keeps the accumulators in registers.
  *
- * The entries for a decode step's few rows (qk_few, qk_few_half, softmax_few) are in
- * decode_avx512.c; the exp and the widening both files use, in simd_avx512.h.
+ * A decode step's scores and softmax for its few rows (qk_few, qk_few_half, softmax_few) are
+ * in decode_avx512.c (its P V, pv_few, is this file's pv_all); the exp and the widening both files
+ * use, in simd_avx512.h.
  */
 #include "simd_avx512.h"
 
