@@ -4,6 +4,9 @@
  * on purpose) and the functions of each part:
  *   fuzz_api.c          the target: draws a case, calls the library, checks, reports;
  *   fuzz_api_draw.c     the input's bytes turned into a case (the mapping the corpus relies on);
+ *   fuzz_api_draw_leftover.c
+ *                       the backward's and the KV call's draws, from the bytes left over
+ *                       (what the two files of draws share: fuzz_api_draw.h);
  *   fuzz_api_tensor.c   tensors: strides from a layout, exact-size buffers, canaries and the
  *                       check that nothing was written between elements;
  *   fuzz_api_check.c    the oracle: statuses, untouched inputs, the rule against the golden,
@@ -36,13 +39,6 @@
  * backward's blocks of 64 each way) with Dk = Dv = 2 fits. Above it, invalid arguments are still
  * passed (they are refused before any work). */
 #define FZ_MAX_BWD_WORK ((int64_t)40000)
-
-/* The input, read from both ends (as zstd's fuzz_data_producer does): parameters from the
- * tail, data from the head. */
-typedef struct fz_src {
-    const uint8_t *head; /* next data byte */
-    const uint8_t *tail; /* one past the next parameter byte */
-} fz_src;
 
 /* How a tensor's strides are made from its shape. */
 typedef struct fz_layout {
@@ -95,7 +91,7 @@ enum { FZ_DOUT = FZ_N_TENSORS, FZ_DQ, FZ_DK, FZ_DV, FZ_BLSE, FZ_N_ALL };
 typedef struct fz_case {
     int64_t B, Hq, Hkv, Lq, Lk, Dk, Dv;
     fz_tensor q, k, v, mask, out, lse, w;
-    fz_tensor dout, dq, dk, dv; /* the backward's (draw_backward) */
+    fz_tensor dout, dq, dk, dv; /* the backward's (fz_draw_backward) */
     fz_tensor blse;             /* the backward's lse when lse is not used: f32, contiguous */
     sdpa_params params;
     int params_null, ctx_null;
@@ -120,7 +116,7 @@ typedef struct fz_case {
     int skip_weights;   /* a change that may be legal for sdpa_weights with memory it lacks */
     const char *why[8]; /* what made the arguments invalid, for the report */
     int n_why;
-    /* the backward's (draw_backward) */
+    /* the backward's (fz_draw_backward) */
     /* Dropout goes into the backward's params only (and those of the forward that gives it
      * out and lse), never into the case's: sdpa_forward and sdpa_weights on an input found
      * before keep their meaning (a forward with dropout runs on the reference). */
@@ -133,8 +129,8 @@ typedef struct fz_case {
     int lse_odd;         /* the lse passed to the backward: 1 f16, 2 bf16, 3 shape[3] = 2,
                           * 4 shape[2] = Lq + 1 (a view of the right one) */
     size_t bwd_bytes;    /* input bytes the backward's draw took */
-    /* the KV-cache call (issue 13; draw_kv, drawn last, and fuzz_api_kv.c): sdpa_forward_kv on
-     * the case's q, out and lse, with its k and v as a plain cache of ragged lengths or
+    /* the KV-cache call (issue 13; fz_draw_kv, drawn last, and fuzz_api_kv.c): sdpa_forward_kv
+     * on the case's q, out and lse, with its k and v as a plain cache of ragged lengths or
      * scattered into a pool of pages, where sdpa_forward accepted the case */
     int kv;
     int64_t kv_page;            /* 0: the plain layout (no block table); else the page size */

@@ -1,10 +1,10 @@
 /*
  * fuzz_api_backward.c — the API fuzz target's oracle for sdpa_backward (issue 11): the call on
  * the drawn case (q, k, v, params and the forward's out and lse, with the dout, dq, dk, dv and
- * dropout of draw_backward; with dropout, out and lse come from a forward with that dropout,
- * itself checked against the golden as the forward is), its status (for an argument made
- * invalid alone, the very status and a message naming it), dq, dk and dv untouched on error,
- * inputs (out, lse and dout included) never written, and on success:
+ * dropout of fz_draw_backward; with dropout, out and lse come from a forward with that
+ * dropout, itself checked against the golden as the forward is), its status (for an argument
+ * made invalid alone, the very status and a message naming it), dq, dk and dv untouched on
+ * error, inputs (out, lse and dout included) never written, and on success:
  *   - rows that see no key have dq = 0 and keys that no row sees dk = dv = 0, exactly (sdpa.h;
  *     every case);
  *   - where the inputs hold huge finite values (huge_qk, huge_v: a q.k near or beyond f32's

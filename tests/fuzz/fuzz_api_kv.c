@@ -2,12 +2,12 @@
  * fuzz_api_kv.c — the API fuzz target's KV-cache call (issue 13): sdpa_forward_kv on a case
  * that sdpa_forward accepted, with the case's q, out, lse and params (plus drawn sinks), and
  * its k and v either as they are (the plain layout, with ragged lengths) or scattered into a
- * pool of pages through a shuffled block table (draw_kv in fuzz_api_draw.c says which). Every
- * array it builds is malloc'ed at exactly its size: the pools (pages no length reaches, and
- * rows past a sequence's keys, hold NaN), the block table (entries no length reads are -1 or
- * out of range), the lengths, and a mask widened to the pages' capacity where needed (NaN past
- * the keys). So ASan sees a read past any of them, and a read of what no length reaches shows
- * as NaN.
+ * pool of pages through a shuffled block table (fz_draw_kv in fuzz_api_draw_leftover.c says
+ * which). Every array it builds is malloc'ed at exactly its size: the pools (pages no length
+ * reaches, and rows past a sequence's keys, hold NaN), the block table (entries no length reads
+ * are -1 or out of range), the lengths, and a mask widened to the pages' capacity where needed
+ * (NaN past the keys). So ASan sees a read past any of them, and a read of what no length reaches
+ * shows as NaN.
  *
  * Invariants (a violation aborts with the case, as in fuzz_api.c):
  *   - with one length or entry made invalid (kv_bad), the call fails with SDPA_ERR_INDEX (or
