@@ -8,8 +8,10 @@
  * fuzz_api_draw_leftover.c's; the input's readers (take) are fuzz_api_draw.h's.
  *
  * This is the mapping the committed corpus (tests/fuzz/corpus/api) was found through: the
- * order in which bytes are taken is part of it, and so is every expression that takes two
- * bytes at once (their order is the compiler's; keep them as they are).
+ * order in which bytes are taken is part of it. Every byte is taken in its own declarator or
+ * statement, never two in one expression, whose order C leaves to the compiler: gcc's and
+ * clang's builds draw the same case from an input (fuzz_replay_api runs the corpus found by
+ * clang's libFuzzer build under gcc), and a new reading must keep that.
  */
 #include "fuzz_api.h"
 #include "fuzz_api_draw.h"
@@ -93,12 +95,14 @@ static float draw_scale(fz_src *s, fz_case *c) {
     if (kind < 5)
         return 0.0f; /* the default, 1/sqrt(Dk) */
     if (kind < 8) {
-        const float x = ldexpf(1.0f + (float)take(s) / 256.0f, (int)(take(s) % 10) - 7);
+        const unsigned mant = take(s), ex = take(s) % 10;
+        const float x = ldexpf(1.0f + (float)mant / 256.0f, (int)ex - 7);
         return kind == 7 ? -x : x;
     }
     if (kind < 10) {
         /* a denormal: exponent bits 0, mantissa from the input, never 0 */
-        uint32_t m = (take(s) | take(s) << 8 | (take(s) & 0x7fu) << 16);
+        const uint32_t lo = take(s), mid = take(s), hi = take(s) & 0x7fu;
+        uint32_t m = lo | mid << 8 | hi << 16;
         m = m ? m : 1u;
         return bits_float(m | (kind == 9 ? 0x80000000u : 0u));
     }
@@ -111,8 +115,10 @@ static float draw_softcap(fz_src *s, fz_case *c) {
     const unsigned kind = take(s) % 16;
     if (kind < 9)
         return 0.0f;
-    if (kind < 13)
-        return ldexpf(1.0f + (float)take(s) / 256.0f, (int)(take(s) % 8) - 2);
+    if (kind < 13) {
+        const unsigned mant = take(s), ex = take(s) % 8;
+        return ldexpf(1.0f + (float)mant / 256.0f, (int)ex - 2);
+    }
     if (kind == 13) {
         static const float odd[4] = {1e-40f, 1e-30f, 1e30f, -0.0f}; /* all valid */
         return odd[take(s) % 4];
@@ -613,7 +619,8 @@ void fz_draw_case(fz_case *c, const uint8_t *data, size_t size, int best_isa) {
     dtypes dt;
     draw_problem(c, s, &dt);
     draw_threads(c, s, best_isa);
-    const unsigned long long seed = (unsigned long long)take16(s) << 16 | take16(s);
+    const unsigned long long seed_hi = take16(s), seed_lo = take16(s);
+    const unsigned long long seed = seed_hi << 16 | seed_lo;
     tu_rng rng = {seed};
     draw_tensors(c, s, &dt);
     draw_mask(c, s);
